@@ -1,0 +1,38 @@
+"""KV cache write analysis: which writes are one contiguous run of positions.
+
+Independent of any backend; see analysis.py.
+"""
+
+from zerokv.kvwrite.analysis import (
+    DEFAULT_SEQUENCE_DIM,
+    ConstantLookup,
+    ContiguousWrite,
+    DeclinedWrite,
+    KVWriteAnalysis,
+    KVWriteOp,
+    Position,
+    WriteStart,
+    analyze_kv_write,
+    analyze_kv_writes,
+    describe_kv_write,
+    exported_program_constants,
+    is_kv_write,
+    module_attribute_constants,
+)
+
+__all__ = [
+    "DEFAULT_SEQUENCE_DIM",
+    "ConstantLookup",
+    "ContiguousWrite",
+    "DeclinedWrite",
+    "KVWriteAnalysis",
+    "KVWriteOp",
+    "Position",
+    "WriteStart",
+    "analyze_kv_write",
+    "analyze_kv_writes",
+    "describe_kv_write",
+    "exported_program_constants",
+    "is_kv_write",
+    "module_attribute_constants",
+]
