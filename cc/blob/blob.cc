@@ -1,0 +1,298 @@
+#include "cc/blob/blob.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+namespace zerokv::blob {
+namespace {
+
+Error Refuse(ErrorCode code, const std::string& field, const std::string& detail) {
+  return Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
+}
+
+std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+std::string Range(uint64_t offset, uint64_t size) {
+  return "[" + std::to_string(offset) + ", " + std::to_string(offset) + " + " + std::to_string(size) + ")";
+}
+
+std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) {
+  if (header.header_size != kHeaderSize) {
+    return Refuse(ErrorCode::kBadHeader, "header.header_size",
+                  std::to_string(header.header_size) + ", expected " + std::to_string(kHeaderSize));
+  }
+  if (header.reserved != 0) {
+    return Refuse(ErrorCode::kBadHeader, "header.reserved", std::to_string(header.reserved) + ", must be 0");
+  }
+  if (header.device_id < 0) {
+    return Refuse(ErrorCode::kBadHeader, "header.device_id", std::to_string(header.device_id) + " is negative");
+  }
+  if (header.blob_size != blob_length) {
+    return Refuse(ErrorCode::kBadHeader, "header.blob_size",
+                  "says " + std::to_string(header.blob_size) + " bytes, the blob holds " + std::to_string(blob_length));
+  }
+  struct Section {
+    const char* name;
+    uint64_t offset;
+    uint64_t size;
+  };
+  const Section sections[] = {{"metadata", header.metadata_offset, header.metadata_size},
+                              {"payload", header.payload_offset, header.payload_size}};
+  for (const Section& section : sections) {
+    // Written so that no sum can wrap: offset <= length first, then size against what is left.
+    if (section.offset > blob_length || section.size > blob_length - section.offset) {
+      return Refuse(ErrorCode::kOutOfRange, std::string("header.") + section.name + "_offset",
+                    Range(section.offset, section.size) + " lies outside the " + std::to_string(blob_length) +
+                        "-byte blob");
+    }
+  }
+  if (header.payload_size == 0) {
+    return Refuse(ErrorCode::kOutOfRange, "header.payload_size", "the engine payload is empty");
+  }
+  for (const Section& section : sections) {
+    if (section.offset < kHeaderSize && section.size > 0) {
+      return Refuse(ErrorCode::kOverlap, std::string("header.") + section.name + "_offset",
+                    std::to_string(section.offset) + " overlaps the " + std::to_string(kHeaderSize) + "-byte header");
+    }
+  }
+  const Section& metadata = sections[0];
+  const Section& payload = sections[1];
+  if (metadata.offset < payload.offset + payload.size && payload.offset < metadata.offset + metadata.size) {
+    return Refuse(ErrorCode::kOverlap, "header.payload_offset",
+                  "payload " + Range(payload.offset, payload.size) + " overlaps metadata " +
+                      Range(metadata.offset, metadata.size));
+  }
+  if (payload.offset % kPayloadAlignment != 0) {
+    return Refuse(ErrorCode::kMisalignedPayload, "header.payload_offset",
+                  std::to_string(payload.offset) + " is not a multiple of " + std::to_string(kPayloadAlignment));
+  }
+  return std::nullopt;
+}
+
+bool SameShape(const std::vector<Dim>& a, const std::vector<Dim>& b) { return a == b; }
+
+// "input_index:dim", each a decimal of at most 9 digits without leading zeros (as in codec.py).
+bool ParseStepWidthSource(const std::string& source, uint64_t* input_index, uint64_t* dim) {
+  const size_t colon = source.find(':');
+  if (colon == std::string::npos) return false;
+  auto parse_number = [](const std::string& text, uint64_t* value) {
+    if (text.empty() || text.size() > 9 || (text.size() > 1 && text[0] == '0')) return false;
+    *value = 0;
+    for (char c : text) {
+      if (c < '0' || c > '9') return false;
+      *value = *value * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return true;
+  };
+  return parse_number(source.substr(0, colon), input_index) && parse_number(source.substr(colon + 1), dim);
+}
+
+std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided) {
+  std::unordered_map<std::string, const IOBinding*> bindings;
+  for (size_t i = 0; i < metadata.bindings.size(); ++i) {
+    const IOBinding& binding = metadata.bindings[i];
+    const std::string field = "metadata.bindings[" + std::to_string(i) + "]";
+    for (size_t d = 0; d < binding.shape.size(); ++d) {
+      const Dim& dim = binding.shape[d];
+      if (dim.min < 0 || dim.max < -1 || (dim.max != -1 && dim.max < dim.min)) {
+        return Refuse(ErrorCode::kBadShape, field + ".shape[" + std::to_string(d) + "]",
+                      "bounds [" + std::to_string(dim.min) + ", " + std::to_string(dim.max) + "] of " +
+                          Quote(binding.name));
+      }
+    }
+    if (!bindings.emplace(binding.name, &binding).second) {
+      return Refuse(ErrorCode::kDuplicateBinding, field + ".name", Quote(binding.name) + " is already a binding");
+    }
+  }
+  auto find = [&](const std::string& name, Direction direction) -> const IOBinding* {
+    auto it = bindings.find(name);
+    return it != bindings.end() && it->second->direction == direction ? it->second : nullptr;
+  };
+
+  std::unordered_set<std::string> aliased_outputs, aliased_inputs;
+  for (size_t i = 0; i < metadata.aliased_io.size(); ++i) {
+    const AliasedIO& alias = metadata.aliased_io[i];
+    const std::string field = "metadata.aliased_io[" + std::to_string(i) + "]";
+    const IOBinding* output = find(alias.output, Direction::kOutput);
+    const IOBinding* input = find(alias.input, Direction::kInput);
+    if (output == nullptr) {
+      return Refuse(ErrorCode::kUnknownAliasBinding, field + ".output", Quote(alias.output) + " is not an output binding");
+    }
+    if (input == nullptr) {
+      return Refuse(ErrorCode::kUnknownAliasBinding, field + ".input", Quote(alias.input) + " is not an input binding");
+    }
+    if (!aliased_outputs.insert(alias.output).second) {
+      return Refuse(ErrorCode::kDuplicateAlias, field + ".output", Quote(alias.output) + " is already aliased");
+    }
+    if (!aliased_inputs.insert(alias.input).second) {
+      return Refuse(ErrorCode::kDuplicateAlias, field + ".input", Quote(alias.input) + " is already the target of an alias");
+    }
+    if (output->dtype != input->dtype || output->device != input->device || !SameShape(output->shape, input->shape)) {
+      return Refuse(ErrorCode::kAliasMismatch, field,
+                    Quote(alias.output) + " and " + Quote(alias.input) + " differ in dtype, device or shape");
+    }
+  }
+  if (aliased_outputs_elided && metadata.aliased_io.empty()) {
+    return Refuse(ErrorCode::kElisionWithoutAliases, "header.aliased_outputs_elided", "set, but aliased_io is empty");
+  }
+
+  std::unordered_set<std::string> runtime_owned;
+  for (size_t i = 0; i < metadata.kv_layers.size(); ++i) {
+    const KVLayer& layer = metadata.kv_layers[i];
+    const std::string field = "metadata.kv_layers[" + std::to_string(i) + "]";
+    const std::pair<const char*, const std::string*> roles[] = {{"k_binding", &layer.k_binding},
+                                                                {"v_binding", &layer.v_binding}};
+    for (const auto& [role, name] : roles) {
+      const IOBinding* binding = find(*name, Direction::kInput);
+      if (binding == nullptr) {
+        return Refuse(ErrorCode::kBadKvManifest, field + "." + role, Quote(*name) + " is not an input binding");
+      }
+      if (!runtime_owned.insert(*name).second) {
+        return Refuse(ErrorCode::kBadKvManifest, field + "." + role, Quote(*name) + " is already a runtime-owned cache");
+      }
+      if (binding->dtype != layer.dtype) {
+        return Refuse(ErrorCode::kBadKvManifest, field + ".dtype",
+                      std::string(ToString(layer.dtype)) + ", but binding " + Quote(*name) + " is " +
+                          ToString(binding->dtype));
+      }
+      const std::vector<Dim>& dims = binding->shape;
+      const auto heads = static_cast<int64_t>(layer.heads);
+      const auto head_dim = static_cast<int64_t>(layer.head_dim);
+      if (dims.size() != 4 || dims[1].min != heads || dims[1].max != heads || dims[3].min != head_dim ||
+          dims[3].max != head_dim) {
+        return Refuse(ErrorCode::kBadKvManifest, field + "." + role,
+                      Quote(*name) + " is not [batch, " + std::to_string(layer.heads) + " heads, positions, " +
+                          std::to_string(layer.head_dim) + "]");
+      }
+    }
+    if (layer.heads == 0 || layer.head_dim == 0) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".heads", "heads and head_dim must be positive");
+    }
+    if (layer.policy == KVPolicy::kRing && layer.window == 0) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".window", "a ring cache needs a window");
+    }
+    if (layer.policy == KVPolicy::kFlat && layer.window != 0) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".window", std::to_string(layer.window) + " on a flat cache");
+    }
+    if (layer.initial_capacity == 0 || layer.initial_capacity > layer.max_capacity) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".initial_capacity",
+                    "needs 0 < initial_capacity (" + std::to_string(layer.initial_capacity) + ") <= max_capacity (" +
+                        std::to_string(layer.max_capacity) + ")");
+    }
+    if (layer.policy == KVPolicy::kRing && layer.window > layer.max_capacity) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".window",
+                    "window " + std::to_string(layer.window) + " exceeds max_capacity " +
+                        std::to_string(layer.max_capacity));
+    }
+  }
+  for (size_t i = 0; i < metadata.aliased_io.size(); ++i) {
+    const AliasedIO& alias = metadata.aliased_io[i];
+    if (runtime_owned.count(alias.input) != 0 && alias.kind != AliasKind::kKvCacheUpdate) {
+      return Refuse(ErrorCode::kBadKvManifest, "metadata.aliased_io[" + std::to_string(i) + "].kind",
+                    Quote(alias.input) + " is runtime-owned, so its alias must be kv_cache_update");
+    }
+  }
+
+  const std::string& source = metadata.step_width_source;
+  const char* source_field = "metadata.step_width_source";
+  if (metadata.kv_layers.empty()) {
+    if (!source.empty()) {
+      return Refuse(ErrorCode::kBadStepWidthSource, source_field, Quote(source) + " without a KV manifest");
+    }
+    return std::nullopt;
+  }
+  uint64_t input_index = 0, dim = 0;
+  if (!ParseStepWidthSource(source, &input_index, &dim)) {
+    return Refuse(ErrorCode::kBadStepWidthSource, source_field, Quote(source) + " is not 'input_index:dim'");
+  }
+  const DelegateSignature signature = ComputeDelegateSignature(metadata, aliased_outputs_elided);
+  if (input_index >= signature.inputs.size()) {
+    return Refuse(ErrorCode::kBadStepWidthSource, source_field,
+                  "input " + std::to_string(input_index) + ", but the delegate takes " +
+                      std::to_string(signature.inputs.size()) + " inputs");
+  }
+  const IOBinding& binding = metadata.bindings[signature.inputs[input_index]];
+  if (dim >= binding.shape.size()) {
+    return Refuse(ErrorCode::kBadStepWidthSource, source_field,
+                  "dim " + std::to_string(dim) + " of " + Quote(binding.name) + ", which has rank " +
+                      std::to_string(binding.shape.size()));
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided) {
+  std::unordered_set<std::string> runtime_owned;
+  for (const KVLayer& layer : metadata.kv_layers) {
+    runtime_owned.insert(layer.k_binding);
+    runtime_owned.insert(layer.v_binding);
+  }
+  std::unordered_map<std::string, std::string> aliased;  // output -> input
+  for (const AliasedIO& alias : metadata.aliased_io) aliased.emplace(alias.output, alias.input);
+
+  DelegateSignature signature;
+  for (size_t i = 0; i < metadata.bindings.size(); ++i) {
+    const IOBinding& binding = metadata.bindings[i];
+    if (binding.direction == Direction::kInput) {
+      if (runtime_owned.count(binding.name) == 0) signature.inputs.push_back(i);
+      continue;
+    }
+    auto alias = aliased.find(binding.name);
+    if (alias == aliased.end() || (runtime_owned.count(alias->second) == 0 && !aliased_outputs_elided)) {
+      signature.outputs.push_back(i);
+    }
+  }
+  return signature;
+}
+
+std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob) {
+  Header header;
+  std::optional<Error> error;
+  if (!ReadHeader(data, size, &header, &error)) return error;
+  if ((error = ValidateHeader(header, size))) return error;
+  Metadata metadata;
+  if (!DecodeMetadata(data + header.metadata_offset, header.metadata_size, &metadata, &error)) return error;
+  if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided))) return error;
+  blob->engine_kind = header.engine_kind;
+  blob->device_id = header.device_id;
+  blob->aliased_outputs_elided = header.aliased_outputs_elided;
+  blob->metadata = std::move(metadata);
+  blob->payload = data + header.payload_offset;
+  blob->payload_size = header.payload_size;
+  return std::nullopt;
+}
+
+std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
+  Writer metadata_writer;
+  WriteMetadata(metadata_writer, blob.metadata);
+  const std::vector<uint8_t>& metadata = metadata_writer.bytes();
+
+  Header header;
+  std::memcpy(header.magic, kMagic, sizeof(kMagic));
+  header.format_version = kFormatVersion;
+  header.header_size = kHeaderSize;
+  header.engine_kind = blob.engine_kind;
+  header.aliased_outputs_elided = blob.aliased_outputs_elided;
+  header.device_id = blob.device_id;
+  header.metadata_offset = kHeaderSize;
+  header.metadata_size = metadata.size();
+  header.payload_offset = (kHeaderSize + metadata.size() + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment;
+  header.payload_size = blob.payload_size;
+  header.blob_size = header.payload_offset + blob.payload_size;
+  if (std::optional<Error> error = ValidateHeader(header, header.blob_size)) return error;
+  if (std::optional<Error> error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided)) return error;
+
+  Writer writer;
+  WriteHeader(writer, header);
+  std::vector<uint8_t>& bytes = writer.bytes();
+  bytes.insert(bytes.end(), metadata.begin(), metadata.end());
+  bytes.resize(header.payload_offset, 0);
+  bytes.insert(bytes.end(), blob.payload, blob.payload + blob.payload_size);
+  *out = std::move(bytes);
+  return std::nullopt;
+}
+
+}  // namespace zerokv::blob

@@ -1,0 +1,53 @@
+// zerokv delegate blobs: parse and write them, enforcing every rule of the format.
+//
+// The byte layout is generated from tools/blob_schema/schema.py into blob_format.h; this header
+// adds the rules that tie fields together. py/zerokv/blob/codec.py enforces the same rules with the
+// same error codes.
+//
+//   Blob blob;
+//   if (std::optional<Error> error = Parse(data, size, &blob)) { ... error->code, error->message ... }
+//
+// Parse never reads outside [data, data + size) and never trusts a count or an offset before
+// checking it against the bytes that are there. Every refusal names the field at fault.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <optional>
+#include <vector>
+
+#include "cc/blob/blob_format.h"
+
+namespace zerokv::blob {
+
+struct Blob {
+  EngineKind engine_kind = EngineKind::kAoti;
+  int32_t device_id = 0;
+  // The aliased outputs (of caller-owned inputs) are not delegate arguments: the engine's write
+  // through the aliased input is the buffer update. Recorded, never inferred from an argument count.
+  bool aliased_outputs_elided = false;
+  Metadata metadata;
+  // The engine payload. After Parse, a view into the parsed bytes, which must outlive the Blob.
+  const uint8_t* payload = nullptr;
+  size_t payload_size = 0;
+};
+
+// Which bindings are delegate arguments, in argument order (indices into metadata.bindings): the
+// inputs, then the outputs. Runtime-owned KV inputs are never arguments, nor are outputs aliased
+// to them; other aliased outputs are arguments unless the blob records them as elided.
+struct DelegateSignature {
+  std::vector<size_t> inputs;
+  std::vector<size_t> outputs;
+  size_t arity() const { return inputs.size() + outputs.size(); }
+};
+
+DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided);
+
+// Parses and validates `data`. On success fills `blob` and returns nullopt.
+std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob);
+
+// Writes `blob` (header, metadata, padding, payload) into `out`, or returns why it is invalid:
+// nothing invalid is ever written.
+std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out);
+
+}  // namespace zerokv::blob

@@ -1,0 +1,1 @@
+"""zerokv: lower torch.export'ed decoders to ExecuTorch GPU delegates that update the KV cache in place."""

@@ -1,0 +1,156 @@
+"""The zerokv delegate blob: the one definition of its format.
+
+generate.py turns this module into the Python codec (zerokv.blob) and the C++ header (cc/blob)
+that both sides build from. Nothing else may define a field, an enum value or an error code.
+
+Layout, little-endian, every field fixed-width:
+
+    header     HEADER_FIELDS, HEADER_SIZE bytes at offset 0
+    metadata   the Metadata struct at [metadata_offset, metadata_offset + metadata_size)
+    payload    the engine (TensorRT plan or AOTInductor package) at
+               [payload_offset, payload_offset + payload_size), payload_offset a multiple of
+               PAYLOAD_ALIGNMENT
+
+Inside the metadata a string is a u32 byte length then that many UTF-8 bytes (no NUL); a list is a
+u32 count then its elements; a struct is its fields in order. No field is optional and nothing
+depends on key order.
+"""
+
+MAGIC = b"ZKVB"
+FORMAT_VERSION = 1
+PAYLOAD_ALIGNMENT = 64
+
+# Scalar field types and their widths in bytes.
+SCALARS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "i64": 8, "bool": 1}
+
+# Each enum is stored as a u8. Value 0 is never valid, so a zeroed field is always caught.
+ENUMS = {
+    "EngineKind": [("TENSORRT", 1), ("AOTI", 2)],
+    "DType": [
+        ("FLOAT32", 1),
+        ("FLOAT16", 2),
+        ("BFLOAT16", 3),
+        ("INT32", 4),
+        ("INT64", 5),
+        ("INT8", 6),
+        ("UINT8", 7),
+        ("BOOL", 8),
+    ],
+    "Direction": [("INPUT", 1), ("OUTPUT", 2)],
+    "Device": [("CPU", 1), ("CUDA", 2)],
+    "AliasKind": [("KV_CACHE_UPDATE", 1), ("USER", 2)],
+    "KVPolicy": [("FLAT", 1), ("RING", 2)],
+}
+
+# Every way a blob can be refused. Both codecs report these codes, with a message naming the field.
+ERROR_CODES = [
+    ("BAD_MAGIC", "the blob does not start with MAGIC"),
+    ("UNSUPPORTED_VERSION", "format_version is not FORMAT_VERSION"),
+    ("TRUNCATED_HEADER", "the blob is shorter than the header"),
+    ("BAD_HEADER", "a header field holds an impossible value (header_size, reserved, blob_size)"),
+    ("OUT_OF_RANGE", "a section's offset or size lies outside the blob"),
+    ("OVERLAP", "two sections overlap"),
+    ("MISALIGNED_PAYLOAD", "payload_offset is not a multiple of PAYLOAD_ALIGNMENT"),
+    ("TRUNCATED", "a metadata field runs past the end of the metadata"),
+    ("COUNT_OVERFLOW", "a list count cannot fit in the bytes that remain"),
+    ("TRAILING_BYTES", "bytes remain in the metadata after its last field"),
+    ("BAD_ENUM", "an enum field holds a value its enum does not define"),
+    ("BAD_STRING", "a string is empty where a name is required, holds NUL or is not UTF-8"),
+    ("BAD_SHAPE", "a dimension's bounds are negative or min > max"),
+    ("DUPLICATE_BINDING", "two I/O bindings share a name"),
+    ("DUPLICATE_ALIAS", "an output is aliased twice"),
+    ("UNKNOWN_ALIAS_BINDING", "an alias names a binding that is not there, or of the wrong direction"),
+    ("ALIAS_MISMATCH", "an aliased output and its input differ in dtype, device or shape"),
+    ("ELISION_WITHOUT_ALIASES", "aliased outputs are marked elided but there are none"),
+    ("BAD_KV_MANIFEST", "a KV manifest entry is inconsistent or names no binding"),
+    ("BAD_STEP_WIDTH_SOURCE", "step_width_source is not 'input_index:dim' naming an input"),
+]
+
+
+def enum(name):
+    return ("enum", name)
+
+
+def list_of(element):
+    return ("list", element)
+
+
+# A name must be non-empty; text may be empty. Neither may hold NUL (C++ consumers stop there).
+NAME = ("string", True)
+TEXT = ("string", False)
+
+# Fixed header fields in order (name, type); "magic" is MAGIC's 4 bytes.
+HEADER_FIELDS = [
+    ("magic", "magic"),
+    ("format_version", "u16"),
+    ("header_size", "u16"),
+    ("engine_kind", enum("EngineKind")),
+    ("aliased_outputs_elided", "bool"),
+    ("reserved", "u16"),
+    ("device_id", "i32"),
+    ("blob_size", "u64"),
+    ("metadata_offset", "u64"),
+    ("metadata_size", "u64"),
+    ("payload_offset", "u64"),
+    ("payload_size", "u64"),
+]
+
+# Metadata structs, each defined before its first use. Comments are the fields' contract.
+STRUCTS = [
+    (
+        "Dim",
+        [
+            # A static extent has min == max; a dynamic one min < max, max == -1 when unbounded.
+            ("min", "i64"),
+            ("max", "i64"),
+        ],
+    ),
+    (
+        "IOBinding",
+        [
+            ("name", NAME),
+            ("dtype", enum("DType")),
+            ("direction", enum("Direction")),
+            ("device", enum("Device")),
+            ("shape", list_of("Dim")),
+        ],
+    ),
+    (
+        "AliasedIO",
+        [
+            # The engine writes `output` through `input`'s memory.
+            ("output", NAME),
+            ("input", NAME),
+            ("kind", enum("AliasKind")),
+        ],
+    ),
+    (
+        "KVLayer",
+        [
+            # A runtime-owned cache: the K and V input bindings the runtime binds to its storage.
+            ("k_binding", NAME),
+            ("v_binding", NAME),
+            ("dtype", enum("DType")),
+            ("heads", "u32"),
+            ("head_dim", "u32"),
+            ("policy", enum("KVPolicy")),
+            # Ring caches only: the number of positions kept; 0 for flat caches.
+            ("window", "u64"),
+            ("initial_capacity", "u64"),
+            ("max_capacity", "u64"),
+        ],
+    ),
+    (
+        "Metadata",
+        [
+            # In the engine's binding order; the delegate's arguments are the inputs in this order,
+            # then the outputs in this order minus the aliased ones when aliased_outputs_elided.
+            ("bindings", list_of("IOBinding")),
+            ("aliased_io", list_of("AliasedIO")),
+            ("kv_layers", list_of("KVLayer")),
+            # "input_index:dim": the input whose extent along dim is the tokens a step writes; empty
+            # when the blob has no runtime-owned caches.
+            ("step_width_source", TEXT),
+        ],
+    ),
+]
