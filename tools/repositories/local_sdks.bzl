@@ -156,7 +156,10 @@ def _clang_impl(rctx):
         probe = rctx.execute([str(clang), "-fsanitize=fuzzer", "probe.cc", "-o", "probe"])
         if probe.return_code != 0:
             why = "%s cannot link libFuzzer: %s" % (clang, probe.stderr.strip().split("\n")[-1])
-    rctx.file("clang", "#!/bin/sh\nexec %s \"$@\"\n" % clang if not why else "#!/bin/sh\necho '%s' >&2; exit 1\n" % why, executable = True)
+    if why:
+        rctx.file("clang", "#!/bin/sh\necho '%s' >&2\nexit 1\n" % why, executable = True)
+    else:
+        rctx.file("clang", "#!/bin/sh\nexec %s \"$@\"\n" % clang, executable = True)
     rctx.file("BUILD.bazel", 'exports_files(["clang"], visibility = ["//visibility:public"])\n')
     _write_defs(rctx, not why, why)
 
