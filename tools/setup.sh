@@ -33,7 +33,7 @@ mkdir -p "$prefix"
 bash "$root/tools/setup/install_bazel.sh" "$prefix" "$bin_dir"
 
 lock=$root/tools/setup/requirements.lock
-if [ ! -x "$venv/bin/python" ] || ! cmp -s <(grep -v '^#' "$lock" | sort) <("$venv/bin/pip" freeze --all --exclude pip --exclude setuptools | sort); then
+if [ ! -x "$venv/bin/python" ] || ! cmp -s <(grep -v '^#' "$lock" | sort) <("$venv/bin/pip" freeze --all --exclude pip | sort); then
   log "venv $venv from $(basename "$lock")"
   [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
   # --no-deps: the lock is the whole closure, so nothing unpinned can slip in
