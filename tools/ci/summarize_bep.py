@@ -15,7 +15,15 @@ def summarize(events):
     for event in events:
         ident = event.get("id", {})
         if "testSummary" in ident:
-            status[ident["testSummary"]["label"]] = event["testSummary"].get("overallStatus", "NO_STATUS")
+            label = ident["testSummary"]["label"]
+            if "aborted" in event:
+                reason = event["aborted"].get("reason", "ABORTED")
+                if reason == "SKIPPED":
+                    skipped.add(label)
+                else:
+                    status[label] = reason
+            else:
+                status[label] = event.get("testSummary", {}).get("overallStatus", "NO_STATUS")
         elif "targetCompleted" in ident:
             label = ident["targetCompleted"]["label"]
             if event.get("aborted", {}).get("reason") == "SKIPPED":
