@@ -1,0 +1,32 @@
+// The AOTInductor engine kind: the blob's payload is an AOTInductor package (.pt2) compiled by
+// py/zerokv/aoti (compile_aoti) for the CPU or for CUDA, run with libtorch's
+// AOTIModelPackageLoader.
+//
+// The package carries its own binding table in its AOTInductor metadata (written by compile_aoti,
+// read back here), so that the runtime checks the blob against what the engine reports rather
+// than against itself:
+//   zerokv.bindings  "name:INPUT|OUTPUT:DTYPE;..."  engine order: inputs, then outputs
+//   zerokv.aliases   "output=input;..."             outputs written through an input
+//   zerokv.device    "cpu" | "cuda"
+//
+// Aliased I/O: a cache the model mutates is an input AOTInductor writes in place (an in-place
+// index_copy_ compiles to a kernel that stores into the input's buffer). The engine wraps every
+// bound address with at::from_blob, so that buffer is the caller's (or the runtime's): the update
+// costs no copy. The aliased output is not returned by the model; it is the input's buffer.
+// Other outputs are returned in AOTInductor-owned memory and copied to the bound address on the
+// same stream (on the CUDA build: ZEROKV_WITH_CUDA).
+//
+// Linking //cc/engines/aoti (alwayslink) registers the factory for blob::EngineKind::kAoti.
+#pragma once
+
+#include <memory>
+
+#include "cc/blob/blob.h"
+#include "cc/engines/engine.h"
+
+namespace zerokv::engines {
+
+// Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package).
+Status CreateAotiEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine);
+
+}  // namespace zerokv::engines

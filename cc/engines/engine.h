@@ -1,0 +1,89 @@
+// The engine interface: what the zerokv delegate runtime needs from an inference engine.
+//
+// An engine owns a compiled network with named I/O bindings. The runtime (cc/runtime) binds the
+// caller's buffers to it by name and enqueues it on a stream:
+//
+//   engine->SetInputShape("tokens", {1, 7});
+//   engine->SetAddress("tokens", tokens_ptr, tokens_capacity);
+//   engine->SetAddress("k_cache_out", k_cache_ptr, k_cache_capacity);  // aliased: the input's pointer
+//   engine->Enqueue(stream);
+//   engine->OutputShape("logits", &shape);
+//
+// Aliased I/O: an output the engine writes *through* an input's buffer (a KV cache updated in
+// place) is reported by AliasedInput(). The runtime never takes the blob's word for an alias: it
+// checks the blob against what the engine reports, because an alias the blob misses means the
+// engine overwrites a caller buffer nobody expects to change.
+//
+// Engines are created by the factory registered for their blob::EngineKind (RegisterEngineFactory
+// below, at static initialisation of the engine's library).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cc/blob/blob.h"
+#include "cc/runtime/status.h"
+
+namespace zerokv::engines {
+
+using runtime::Status;
+
+// A CUDA stream (cudaStream_t) as an opaque handle, so that engine code without CUDA can name it.
+// nullptr on a host engine.
+using StreamHandle = void*;
+
+// Where an engine computes, which decides how the runtime stages, copies and synchronizes.
+enum class ComputeDevice { kHost, kCuda };
+
+struct EngineBinding {
+  std::string name;
+  blob::Direction direction;
+  blob::DType dtype;
+};
+
+class Engine {
+ public:
+  virtual ~Engine() = default;
+
+  virtual ComputeDevice compute_device() const = 0;
+
+  // Every I/O binding of the engine, inputs and outputs, in the engine's own order.
+  virtual const std::vector<EngineBinding>& bindings() const = 0;
+
+  // The input whose buffer output `output` is written through, or nullopt when it is not aliased.
+  virtual std::optional<std::string> AliasedInput(const std::string& output) const = 0;
+
+  // The shape of input `name` for the next Enqueue.
+  virtual Status SetInputShape(const std::string& name, const std::vector<int64_t>& shape) = 0;
+
+  // Binds `name` to `capacity` bytes at `data` for the next Enqueue. `data` is device memory on a
+  // CUDA engine. An aliased output is bound to its input's address.
+  virtual Status SetAddress(const std::string& name, void* data, size_t capacity) = 0;
+
+  // Runs the network on `stream` over the bound addresses. Returns when the work is enqueued (a
+  // host engine has finished by then).
+  virtual Status Enqueue(StreamHandle stream) = 0;
+
+  // The shape output `name` has after the last Enqueue.
+  virtual Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const = 0;
+};
+
+// Creates the engine recorded in a parsed blob (its payload, device_id and bindings).
+using EngineFactory = std::function<Status(const blob::Blob& blob, std::unique_ptr<Engine>* engine)>;
+
+// Registers the factory for `kind`; one per kind. Called at static initialisation by an engine
+// library (alwayslink), so linking the library is what makes its engine kind loadable.
+bool RegisterEngineFactory(blob::EngineKind kind, EngineFactory factory);
+
+// Creates the engine for blob.engine_kind, or says that no engine of that kind is linked in.
+Status CreateEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine);
+
+// Size in bytes of one element of `dtype`.
+size_t ElementSize(blob::DType dtype);
+
+}  // namespace zerokv::engines

@@ -1,0 +1,19 @@
+#include "cc/runtime/caller_stream.h"
+
+namespace zerokv::runtime {
+namespace {
+
+// Defined once, in this file, so that every delegate linked with it reads the same variable.
+thread_local engines::StreamHandle caller_stream = nullptr;
+
+}  // namespace
+
+engines::StreamHandle CurrentCallerStream() { return caller_stream; }
+
+CallerStreamGuard::CallerStreamGuard(engines::StreamHandle stream) : previous_(caller_stream) {
+  caller_stream = stream;
+}
+
+CallerStreamGuard::~CallerStreamGuard() { caller_stream = previous_; }
+
+}  // namespace zerokv::runtime

@@ -1,0 +1,393 @@
+#include "cc/runtime/delegate.h"
+
+#include <string>
+#include <unordered_map>
+#include <unordered_set>
+#include <utility>
+
+#include <executorch/runtime/core/exec_aten/exec_aten.h>
+#include <executorch/runtime/core/exec_aten/util/tensor_util.h>
+
+#include "cc/runtime/caller_stream.h"
+
+namespace zerokv::runtime {
+
+using executorch::aten::ScalarType;
+using executorch::aten::SizesType;
+using executorch::aten::Tensor;
+using executorch::runtime::EValue;
+using executorch::runtime::Span;
+using executorch::runtime::etensor::DeviceType;
+
+namespace {
+
+std::string Quote(const std::string& name) { return "'" + name + "'"; }
+
+std::optional<ScalarType> ToScalarType(blob::DType dtype) {
+  switch (dtype) {
+    case blob::DType::kFloat32:
+      return ScalarType::Float;
+    case blob::DType::kFloat16:
+      return ScalarType::Half;
+    case blob::DType::kBfloat16:
+      return ScalarType::BFloat16;
+    case blob::DType::kInt32:
+      return ScalarType::Int;
+    case blob::DType::kInt64:
+      return ScalarType::Long;
+    case blob::DType::kInt8:
+      return ScalarType::Char;
+    case blob::DType::kUint8:
+      return ScalarType::Byte;
+    case blob::DType::kBool:
+      return ScalarType::Bool;
+  }
+  return std::nullopt;
+}
+
+std::string ShapeString(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+std::vector<int64_t> ShapeOf(const Tensor& tensor) {
+  return std::vector<int64_t>(tensor.sizes().begin(), tensor.sizes().end());
+}
+
+std::vector<int64_t> MaxShape(const blob::IOBinding& binding) {
+  std::vector<int64_t> shape;
+  for (const blob::Dim& dim : binding.shape) shape.push_back(dim.max);
+  return shape;
+}
+
+Status Resize(Tensor& tensor, const std::vector<int64_t>& shape) {
+  std::vector<SizesType> sizes(shape.begin(), shape.end());
+  executorch::runtime::Error error = executorch::runtime::resize_tensor(
+      tensor, executorch::runtime::ArrayRef<SizesType>(sizes.data(), sizes.size()));
+  if (error != executorch::runtime::Error::Ok) {
+    return Status(error, "cannot be resized to " + ShapeString(shape) +
+                             " (larger than the memory ExecuTorch planned for it?)");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+// What Validate decided for each argument, indexed like bindings_.
+struct Delegate::Plan {
+  std::vector<Tensor*> tensors;  // the argument's tensor; nullptr for an elided output
+  std::vector<bool> staged;
+  bool needs_synchronize = false;
+};
+
+Delegate::Delegate(std::unique_ptr<engines::Engine> engine, std::unique_ptr<DeviceOps> ops)
+    : engine_(std::move(engine)), ops_(std::move(ops)) {}
+
+Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine> engine,
+                        std::unique_ptr<DeviceOps> ops, std::unique_ptr<Delegate>* delegate) {
+  const blob::Metadata& metadata = blob.metadata;
+  if (!metadata.kv_layers.empty()) {
+    return NotSupported("the blob records " + std::to_string(metadata.kv_layers.size()) +
+                        " runtime-owned KV layers (kv_layers); this runtime binds caller-owned "
+                        "caches only and would leave those bindings unbound");
+  }
+
+  // The engine's bindings and the blob's must be the same set, with the same direction and dtype.
+  std::unordered_map<std::string, const engines::EngineBinding*> engine_bindings;
+  for (const engines::EngineBinding& binding : engine->bindings()) {
+    engine_bindings.emplace(binding.name, &binding);
+  }
+  if (engine_bindings.size() != metadata.bindings.size()) {
+    return InvalidProgram("the engine has " + std::to_string(engine_bindings.size()) +
+                          " I/O bindings but the blob records " +
+                          std::to_string(metadata.bindings.size()));
+  }
+  std::unordered_map<std::string, size_t> index_of;
+  for (size_t i = 0; i < metadata.bindings.size(); ++i) {
+    const blob::IOBinding& binding = metadata.bindings[i];
+    auto found = engine_bindings.find(binding.name);
+    if (found == engine_bindings.end()) {
+      return InvalidProgram("the blob records binding " + Quote(binding.name) +
+                            ", which the engine does not have");
+    }
+    if (found->second->direction != binding.direction || found->second->dtype != binding.dtype) {
+      return InvalidProgram("binding " + Quote(binding.name) + " is " +
+                            blob::ToString(binding.direction) + " " +
+                            blob::ToString(binding.dtype) + " in the blob but " +
+                            blob::ToString(found->second->direction) + " " +
+                            blob::ToString(found->second->dtype) + " in the engine");
+    }
+    if (!ToScalarType(binding.dtype)) {
+      return InvalidProgram("binding " + Quote(binding.name) + " has an unsupported dtype");
+    }
+    index_of.emplace(binding.name, i);
+  }
+
+  std::unique_ptr<Delegate> created(new Delegate(std::move(engine), std::move(ops)));
+  created->aliased_outputs_elided_ = blob.aliased_outputs_elided;
+  for (const blob::IOBinding& spec : metadata.bindings) {
+    Binding binding;
+    binding.spec = spec;
+    binding.max_bytes = engines::ElementSize(spec.dtype);
+    for (const blob::Dim& dim : spec.shape) binding.max_bytes *= static_cast<size_t>(dim.max);
+    created->bindings_.push_back(std::move(binding));
+  }
+
+  // Every alias the blob records must be one the engine reports, and the other way round: an
+  // engine alias missing from the blob would overwrite a caller buffer nobody expects to change.
+  for (const blob::AliasedIO& alias : metadata.aliased_io) {
+    auto output = index_of.find(alias.output);
+    auto input = index_of.find(alias.input);
+    if (output == index_of.end() || input == index_of.end() ||
+        metadata.bindings[output->second].direction != blob::Direction::kOutput ||
+        metadata.bindings[input->second].direction != blob::Direction::kInput) {
+      return InvalidProgram("aliased_io entry " + Quote(alias.output) + " -> " +
+                            Quote(alias.input) + " does not name an output and an input");
+    }
+    Binding& aliased_output = created->bindings_[output->second];
+    if (aliased_output.aliased_input) {
+      return InvalidProgram("output " + Quote(alias.output) +
+                            " is aliased twice in aliased_io; the delegate's arity would be wrong");
+    }
+    std::optional<std::string> engine_input = created->engine_->AliasedInput(alias.output);
+    if (engine_input != alias.input) {
+      return InvalidProgram("the blob aliases output " + Quote(alias.output) + " to input " +
+                            Quote(alias.input) + ", but the engine " +
+                            (engine_input ? "aliases it to " + Quote(*engine_input)
+                                          : std::string("does not alias it")));
+    }
+    if (aliased_output.max_bytes != created->bindings_[input->second].max_bytes) {
+      return InvalidProgram("aliased output " + Quote(alias.output) + " and its input " +
+                            Quote(alias.input) + " differ in size");
+    }
+    aliased_output.aliased_input = input->second;
+    created->bindings_[input->second].alias_target = true;
+  }
+  for (const Binding& binding : created->bindings_) {
+    if (binding.spec.direction != blob::Direction::kOutput || binding.aliased_input) continue;
+    if (std::optional<std::string> input = created->engine_->AliasedInput(binding.spec.name)) {
+      return InvalidProgram("the engine writes output " + Quote(binding.spec.name) +
+                            " through input " + Quote(*input) +
+                            ", but the blob records no such alias: the caller's " + Quote(*input) +
+                            " would change without anyone expecting it");
+    }
+  }
+
+  // The recorded elision decides the arity (blob::ComputeDelegateSignature is the one place it is
+  // computed). Elided outputs are never written by this runtime, so each must be aliased.
+  created->signature_ = blob::ComputeDelegateSignature(metadata, blob.aliased_outputs_elided);
+  size_t argument = 0;
+  for (size_t index : created->signature_.inputs) created->bindings_[index].argument = argument++;
+  for (size_t index : created->signature_.outputs) created->bindings_[index].argument = argument++;
+  for (const Binding& binding : created->bindings_) {
+    if (!binding.argument && !binding.aliased_input) {
+      return InvalidProgram("binding " + Quote(binding.spec.name) +
+                            " is neither a delegate argument nor an aliased output");
+    }
+  }
+
+  if (created->engine_->compute_device() == engines::ComputeDevice::kCuda) {
+    ZEROKV_RETURN_IF_ERROR(created->ops_->CreateStream(&created->own_stream_));
+    ZEROKV_RETURN_IF_ERROR(created->ops_->CreateEvent(&created->done_event_));
+  }
+  ZEROKV_RETURN_IF_ERROR(created->ops_->Allocate(256, &created->empty_tensor_address_));
+  *delegate = std::move(created);
+  return Status::Ok();
+}
+
+Delegate::~Delegate() {
+  Status drained = Drain();
+  (void)drained;  // Nothing left to report to: the handle is going away either way.
+  engine_.reset();
+  for (Binding& binding : bindings_) {
+    if (binding.staging) ops_->Free(binding.staging);
+  }
+  if (empty_tensor_address_) ops_->Free(empty_tensor_address_);
+  if (done_event_) ops_->DestroyEvent(done_event_);
+  if (own_stream_) ops_->DestroyStream(own_stream_);
+}
+
+Status Delegate::Drain() {
+  if (!in_flight_) return Status::Ok();
+  in_flight_ = false;
+  return ops_->SynchronizeEvent(done_event_);
+}
+
+const void* Delegate::bound_address(const std::string& name) const {
+  for (const Binding& binding : bindings_) {
+    if (binding.spec.name == name) return binding.bound;
+  }
+  return nullptr;
+}
+
+Status Delegate::EnsureStaging(Binding& binding) {
+  if (binding.staging) return Status::Ok();
+  return ops_->Allocate(binding.max_bytes, &binding.staging);
+}
+
+Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
+  if (args.size() != signature_.arity()) {
+    return InvalidArgument(
+        "the delegate takes " + std::to_string(signature_.arity()) + " arguments (" +
+        std::to_string(signature_.inputs.size()) + " inputs, " +
+        std::to_string(signature_.outputs.size()) + " outputs; aliased outputs " +
+        (aliased_outputs_elided_ ? "elided" : "not elided") + ", as the blob records) but got " +
+        std::to_string(args.size()) +
+        ": the program and the blob disagree on the delegate's signature");
+  }
+  const bool cuda_engine = engine_->compute_device() == engines::ComputeDevice::kCuda;
+  plan->tensors.assign(bindings_.size(), nullptr);
+  plan->staged.assign(bindings_.size(), false);
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    const Binding& binding = bindings_[i];
+    if (!binding.argument) continue;
+    const size_t argument = *binding.argument;
+    const bool input = binding.spec.direction == blob::Direction::kInput;
+    const std::string what = std::string(input ? "input " : "output ") + Quote(binding.spec.name) +
+                             " (argument " + std::to_string(argument) + ")";
+    EValue* value = args[argument];
+    if (value == nullptr || !value->isTensor()) {
+      return InvalidArgument(what + " is not a tensor");
+    }
+    Tensor& tensor = value->toTensor();
+    if (tensor.scalar_type() != *ToScalarType(binding.spec.dtype)) {
+      return InvalidArgument(what + " has dtype " +
+                             executorch::runtime::toString(tensor.scalar_type()) + ", the blob " +
+                             blob::ToString(binding.spec.dtype));
+    }
+    if (static_cast<size_t>(tensor.dim()) != binding.spec.shape.size()) {
+      return InvalidArgument(what + " has rank " + std::to_string(tensor.dim()) + ", the blob " +
+                             std::to_string(binding.spec.shape.size()));
+    }
+    if (input) {
+      for (size_t d = 0; d < binding.spec.shape.size(); ++d) {
+        const blob::Dim& bounds = binding.spec.shape[d];
+        if (tensor.size(d) < bounds.min || tensor.size(d) > bounds.max) {
+          return InvalidArgument(what + " has shape " + ShapeString(ShapeOf(tensor)) + "; dim " +
+                                 std::to_string(d) + " must lie in [" +
+                                 std::to_string(bounds.min) + ", " + std::to_string(bounds.max) +
+                                 "]");
+        }
+      }
+    }
+    plan->tensors[i] = &tensor;
+    if (input && tensor.nbytes() == 0) continue;
+    // Residency is where ExecuTorch planned the buffer; on a CUDA engine the hardware must agree.
+    const bool planned_on_device = tensor.device_type() == DeviceType::CUDA;
+    const bool wants_device = binding.spec.device == blob::Device::kCuda;
+    if (planned_on_device && cuda_engine && tensor.nbytes() != 0 &&
+        !ops_->IsDeviceMemory(tensor.const_data_ptr())) {
+      return InvalidArgument(what + " is planned in CUDA memory but its pointer is not CUDA "
+                             "memory: is a CUDA DeviceAllocator registered?");
+    }
+    if (binding.alias_target && wants_device && !planned_on_device) {
+      return InvalidArgument(
+          what + " is host-resident, but it is an aliased input: the engine writes its update "
+                 "through this buffer, so it must be device-resident (planned in CUDA memory). "
+                 "Staging it would discard the update; was the program finalized without "
+                 "non-CPU memory planning?");
+    }
+    if (wants_device && !planned_on_device && cuda_engine) {
+      plan->staged[i] = true;
+      if (!input) plan->needs_synchronize = true;
+    }
+  }
+  // A non-elided aliased output that the caller reads on the host needs its copy finished too.
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    if (bindings_[i].aliased_input && plan->tensors[i] && cuda_engine &&
+        plan->tensors[i]->device_type() != DeviceType::CUDA) {
+      plan->needs_synchronize = true;
+    }
+  }
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    if (plan->staged[i]) ZEROKV_RETURN_IF_ERROR(EnsureStaging(bindings_[i]));
+  }
+  return Status::Ok();
+}
+
+Status Delegate::Execute(Span<EValue*> args) {
+  Plan plan;
+  ZEROKV_RETURN_IF_ERROR(Validate(args, &plan));
+
+  StreamHandle stream = CurrentCallerStream() ? CurrentCallerStream() : own_stream_;
+  if (in_flight_) {
+    // The last execute's work (possibly on another stream) reads and writes the same staging
+    // buffers and caches: order this one after it without blocking the host.
+    ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, done_event_));
+    in_flight_ = false;
+  }
+
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    Binding& binding = bindings_[i];
+    if (binding.spec.direction != blob::Direction::kInput) continue;
+    Tensor& tensor = *plan.tensors[i];
+    ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, ShapeOf(tensor)));
+    if (tensor.nbytes() == 0) {
+      binding.bound = empty_tensor_address_;
+    } else if (plan.staged[i]) {
+      ZEROKV_RETURN_IF_ERROR(ops_->Copy(binding.staging, tensor.const_data_ptr(), tensor.nbytes(),
+                                        CopyKind::kHostToDevice, stream));
+      binding.bound = binding.staging;
+    } else {
+      binding.bound = tensor.mutable_data_ptr();
+    }
+    ZEROKV_RETURN_IF_ERROR(engine_->SetAddress(binding.spec.name, binding.bound, tensor.nbytes()));
+  }
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    Binding& binding = bindings_[i];
+    if (binding.spec.direction != blob::Direction::kOutput) continue;
+    size_t capacity = 0;
+    if (binding.aliased_input) {
+      const Binding& input = bindings_[*binding.aliased_input];
+      binding.bound = input.bound;
+      capacity = plan.tensors[*binding.aliased_input]->nbytes();
+    } else {
+      Tensor& tensor = *plan.tensors[i];
+      Status resized = Resize(tensor, MaxShape(binding.spec));
+      if (!resized.ok()) {
+        return Status(resized.code(), "output " + Quote(binding.spec.name) + " (argument " +
+                                          std::to_string(*binding.argument) + ") " +
+                                          resized.message());
+      }
+      capacity = tensor.nbytes();
+      binding.bound = capacity == 0      ? empty_tensor_address_
+                      : plan.staged[i] ? binding.staging
+                                       : tensor.mutable_data_ptr();
+    }
+    ZEROKV_RETURN_IF_ERROR(engine_->SetAddress(binding.spec.name, binding.bound, capacity));
+  }
+
+  ZEROKV_RETURN_IF_ERROR(engine_->Enqueue(stream));
+
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    Binding& binding = bindings_[i];
+    if (binding.spec.direction != blob::Direction::kOutput || !plan.tensors[i]) continue;
+    Tensor& tensor = *plan.tensors[i];
+    std::vector<int64_t> shape;
+    ZEROKV_RETURN_IF_ERROR(engine_->OutputShape(binding.spec.name, &shape));
+    Status resized = Resize(tensor, shape);
+    if (!resized.ok()) {
+      return Status(resized.code(), "output " + Quote(binding.spec.name) + " (argument " +
+                                        std::to_string(*binding.argument) + ") " +
+                                        resized.message());
+    }
+    if (tensor.nbytes() == 0 || binding.bound == tensor.const_data_ptr()) continue;
+    // A staged output, or a non-elided aliased output that ExecuTorch planned apart from its
+    // input: the engine's result is at binding.bound and the caller reads the argument.
+    const bool to_host = tensor.device_type() != DeviceType::CUDA &&
+                         engine_->compute_device() == engines::ComputeDevice::kCuda;
+    ZEROKV_RETURN_IF_ERROR(ops_->Copy(tensor.mutable_data_ptr(), binding.bound, tensor.nbytes(),
+                                      to_host ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice,
+                                      stream));
+  }
+
+  if (plan.needs_synchronize) return ops_->SynchronizeStream(stream);
+  if (done_event_) {
+    ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(done_event_, stream));
+    in_flight_ = true;
+  }
+  return Status::Ok();
+}
+
+}  // namespace zerokv::runtime

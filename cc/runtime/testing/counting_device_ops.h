@@ -1,0 +1,91 @@
+// CountingDeviceOps: DeviceOps for runtime tests that stands in for a CUDA device in host memory.
+// Its allocations count as "device memory"; it records every copy, synchronization and event, so
+// tests can prove what the runtime copied (nothing, on the zero-copy path) and when it blocked.
+#pragma once
+
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <vector>
+
+#include "cc/runtime/device_ops.h"
+
+namespace zerokv::runtime::testing {
+
+class CountingDeviceOps final : public DeviceOps {
+ public:
+  struct Copied {
+    CopyKind kind;
+    size_t bytes;
+    StreamHandle stream;
+  };
+
+  // Shared with the test, which keeps a pointer after handing ownership to the delegate.
+  struct Record {
+    std::vector<Copied> copies;
+    int synchronizations = 0;  // stream or event: the host blocked
+    int stream_waits = 0;
+    int events_recorded = 0;
+    int streams_created = 0;
+    int streams_destroyed = 0;
+    int allocations_live = 0;
+    std::set<const void*> device_memory;  // what IsDeviceMemory accepts besides allocations
+  };
+
+  explicit CountingDeviceOps(Record* record) : record_(record) {}
+
+  Status Allocate(size_t bytes, void** data) override {
+    *data = std::malloc(bytes == 0 ? 1 : bytes);
+    record_->device_memory.insert(*data);
+    ++record_->allocations_live;
+    return Status::Ok();
+  }
+  void Free(void* data) override {
+    record_->device_memory.erase(data);
+    --record_->allocations_live;
+    std::free(data);
+  }
+  Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
+              StreamHandle stream) override {
+    record_->copies.push_back({kind, bytes, stream});
+    std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status CreateStream(StreamHandle* stream) override {
+    ++record_->streams_created;
+    *stream = &own_stream_;
+    return Status::Ok();
+  }
+  void DestroyStream(StreamHandle) override { ++record_->streams_destroyed; }
+  Status CreateEvent(EventHandle* event) override {
+    *event = &event_;
+    return Status::Ok();
+  }
+  void DestroyEvent(EventHandle) override {}
+  Status RecordEvent(EventHandle, StreamHandle) override {
+    ++record_->events_recorded;
+    return Status::Ok();
+  }
+  Status StreamWaitEvent(StreamHandle, EventHandle) override {
+    ++record_->stream_waits;
+    return Status::Ok();
+  }
+  Status SynchronizeEvent(EventHandle) override {
+    ++record_->synchronizations;
+    return Status::Ok();
+  }
+  Status SynchronizeStream(StreamHandle) override {
+    ++record_->synchronizations;
+    return Status::Ok();
+  }
+  bool IsDeviceMemory(const void* data) const override {
+    return record_->device_memory.count(data) != 0;
+  }
+
+ private:
+  Record* record_;
+  int own_stream_ = 0;  // its address is the delegate's "stream"
+  int event_ = 0;
+};
+
+}  // namespace zerokv::runtime::testing
