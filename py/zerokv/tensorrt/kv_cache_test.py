@@ -17,6 +17,7 @@ from zerokv.tensorrt import (
     lower_to_tensorrt,
     predict_aliased_caches,
 )
+from zerokv.tensorrt.reference_evaluator import evaluate_network
 from zerokv.tensorrt.testing_models import (
     MAX_SEQ,
     TinyDecoder,
@@ -101,6 +102,29 @@ def assert_written_by_scatter(built, reason_words):
         assert scatter.get_input(0).name == cache and scatter.get_input(0).is_network_input
 
 
+def run_steps_against_eager(model, built, steps):
+    """Runs `steps` of (input_ids, offset) through eager and the reference evaluator.
+
+    Aliased caches are written in place by the evaluator, as by the engine; a
+    fallback's written cache is copied back, as its caller must. After each step
+    the logits and both caches must match eager's.
+    """
+    caches = {cache: torch.zeros(getattr(model.layer, cache.split(".")[1]).shape) for cache in CACHES}
+    aliased_outputs = {a.output for a in built.aliased_io}
+    for input_ids, offset in steps:
+        outputs = evaluate_network(built.network, {"input_ids": input_ids, "offset": offset, **caches})
+        with torch.no_grad():
+            expected = model(input_ids, offset)
+        torch.testing.assert_close(outputs["output_0"], expected, atol=1e-5, rtol=1e-5)
+        for cache, value in caches.items():
+            written = outputs[f"{cache}.updated"]
+            if f"{cache}.updated" in aliased_outputs:
+                assert written is value, "an aliased update must write the cache input itself"
+            else:
+                value.copy_(written)
+            torch.testing.assert_close(value, getattr(model.layer, cache.split(".")[1]))
+
+
 def test_single_token_decode_updates_the_caches_in_place():
     program = export_decoder(TinyDecoder(arange_plus_offset), length=1, offset=torch.tensor([7]))
     built = build_network(program)
@@ -118,6 +142,9 @@ def test_static_multi_token_prefill_is_one_update_per_cache():
     assert_updated_in_place(built)
     assert tuple(producer_of(built.network, "layer.v_cache.updated").get_input(1).shape) == (1, 2, 5, 16)
     build_plan(built)
+    run_steps_against_eager(
+        TinyDecoder(arange_plus_offset), built, [(torch.randint(0, 64, (1, 5)), torch.tensor([3]))]
+    )
 
 
 def test_dynamic_multi_token_prefill_is_one_update_per_cache():
@@ -143,6 +170,8 @@ def test_tensor_offsets_in_either_operand_order(positions, offset):
     offset_binding = next(b for b in built.io_bindings if b.name == "offset")
     assert offset_binding.shape == tuple(offset.shape) and offset_binding.role == "user_input"
     build_plan(built)
+    steps = [(torch.randint(0, 64, (1, 4)), offset), (torch.randint(0, 64, (1, 1)), offset + 4)]
+    run_steps_against_eager(TinyDecoder(positions), built, steps)
 
 
 @pytest.mark.parametrize("positions", [
@@ -163,6 +192,8 @@ def test_constant_folded_index_still_updates_in_place():
     built = build_network(program, fold_constants=True)
     assert_updated_in_place(built)
     build_plan(built)
+    model = TinyDecoder(lambda length, offset: torch.arange(length) + 4)
+    run_steps_against_eager(model, built, [(torch.randint(0, 64, (1, 3)), torch.tensor([0]))])
 
 
 def test_constant_index_with_an_ascending_run_updates_in_place():
@@ -207,6 +238,15 @@ def test_one_engine_serves_decode_and_prefill_profiles():
     engine = build_plan(built)
     assert [p.name for p in engine.profiles] == ["decode", "prefill"]
     assert {a.as_tuple() for a in engine.aliased_io} == ALIASED
+    run_steps_against_eager(
+        TinyDecoder(arange_plus_offset, gemma_style=True),
+        built,
+        [
+            (torch.randint(0, 64, (1, 6)), torch.tensor([0])),
+            (torch.randint(0, 64, (1, 1)), torch.tensor([6])),
+            (torch.randint(0, 64, (1, 1)), torch.tensor([7])),
+        ],
+    )
 
 
 def test_promised_aliases_that_hold_are_accepted():
@@ -227,6 +267,8 @@ def test_scattered_constant_index_falls_back_to_a_scatter():
     built = build_network(program)
     assert_written_by_scatter(built, ["(5, 1, 9)", "not an ascending run"])
     build_plan(built)
+    model = TinyDecoder(lambda length, offset: torch.tensor([5, 1, 9]))
+    run_steps_against_eager(model, built, [(torch.randint(0, 64, (1, 3)), torch.tensor([0]))])
 
 
 def test_strided_positions_fall_back_to_a_scatter_with_dynamic_length():
@@ -240,6 +282,10 @@ def test_strided_positions_fall_back_to_a_scatter_with_dynamic_length():
     built = build_network(program, decode_and_prefill_profiles("input_ids", 1, max_prefill=8))
     assert_written_by_scatter(built, ["not provably contiguous"])
     build_plan(built)
+    model = TinyDecoder(lambda length, offset: torch.arange(length) * 2 + offset)
+    run_steps_against_eager(
+        model, built, [(torch.randint(0, 64, (1, 4)), torch.tensor([0])), (torch.randint(0, 64, (1, 1)), torch.tensor([9]))]
+    )
 
 
 def test_runtime_positions_fall_back_to_a_scatter():
@@ -307,6 +353,9 @@ def test_a_cache_written_twice_scatters_both_writes():
     assert "is not the value written back" in reasons and "not a caller-owned network input" in reasons
     assert built.aliased_io == ()
     build_plan(built)
+    run_steps_against_eager(
+        TinyDecoder(positions, write=write_twice), built, [(torch.randint(0, 64, (1, 2)), torch.tensor([0]))]
+    )
 
 
 def test_promised_alias_that_falls_back_fails_loudly():
