@@ -41,8 +41,7 @@ class ZeroKVBackend final : public executorch::runtime::BackendInterface {
     if (std::optional<blob::Error> error = blob::Parse(
             static_cast<const uint8_t*>(processed->data()), processed->size(), &parsed)) {
       return Report(context.get_method_name(),
-                    InvalidProgram(std::string("the delegate blob is invalid: ") +
-                                   blob::ErrorCodeName(error->code) + ": " + error->message));
+                    InvalidProgram("the delegate blob is invalid: " + error->message));
     }
     std::unique_ptr<engines::Engine> engine;
     Status status = engines::CreateEngine(parsed, &engine);

@@ -1,0 +1,210 @@
+"""compile_aoti: an exported partition -> an AOTInductor package plus its zerokv binding table.
+
+How a mutated input is represented. A cache the partition updates is a *user input* the graph
+mutates in place (`k_cache.index_copy_(2, pos, x)`); AOTInductor compiles that to a kernel that
+stores into the input's own buffer, so the C++ engine, which wraps the caller's pointer with
+`at::from_blob`, updates the caller's cache with no copy. The engine does not return the updated
+cache. In the binding table the update is an OUTPUT binding named `<input>_out` that aliases the
+input (AliasedIO kind KV_CACHE_UPDATE); it is the aliased output that the blob may record as elided.
+
+Two forms are accepted:
+  * a program whose graph mutates the input (torch.export records USER_INPUT_MUTATION once
+    functionalized) - the natural export of a decode step;
+  * a functional partition that *returns* the updated cache (`out_i = index_copy(k_cache, ...)`, as
+    ExecuTorch hands a delegate a mutated buffer that stays above it): name those outputs in
+    `aliased_outputs={i: "k_cache"}` and they are rewritten to the in-place form. Only
+    index_copy/index_put producers are rewritten: anything else would need a cache-sized copy inside
+    the engine, and is refused rather than hidden.
+
+Engine binding order: inputs in the graph's placeholder order, then the aliased outputs (in the
+order torch.export lists the mutations), then the returned outputs. The same table goes into the
+package's AOTInductor metadata (zerokv.bindings / zerokv.aliases / zerokv.device), which the C++
+engine reports back so the runtime can check the blob against it.
+"""
+
+import dataclasses
+import os
+import tempfile
+from typing import Mapping, Optional, Sequence, Union
+
+import torch
+from torch.export import ExportedProgram
+from torch.export.graph_signature import InputKind, OutputKind
+
+from zerokv import blob
+
+_DTYPES = {
+    torch.float32: blob.DType.FLOAT32,
+    torch.float16: blob.DType.FLOAT16,
+    torch.bfloat16: blob.DType.BFLOAT16,
+    torch.int32: blob.DType.INT32,
+    torch.int64: blob.DType.INT64,
+    torch.int8: blob.DType.INT8,
+    torch.uint8: blob.DType.UINT8,
+    torch.bool: blob.DType.BOOL,
+}
+
+# Functional KV writes and their in-place forms, which AOTInductor stores into the input's buffer.
+_IN_PLACE = {
+    "index_copy": torch.ops.aten.index_copy_.default,
+    "index_put": torch.ops.aten.index_put_.default,
+}
+
+
+@dataclasses.dataclass
+class EngineBuild:
+    """What `preprocess` puts in a blob of engine kind AOTI."""
+
+    payload: bytes
+    bindings: list
+    aliased_io: list
+
+
+def compile_aoti(
+    program: Union[ExportedProgram, torch.nn.Module],
+    example_inputs: Sequence[torch.Tensor],
+    device: str,
+    *,
+    aliased_outputs: Optional[Mapping[int, str]] = None,
+    binding_device: Optional[blob.Device] = None,
+    dynamic_shapes=None,
+) -> EngineBuild:
+    """Compiles `program` with AOTInductor for `device` ("cpu" or "cuda[:N]").
+
+    aliased_outputs: output index -> input placeholder name, for a functional partition that
+        returns updated caches (see the module docstring).
+    binding_device: where the delegate's buffers are planned (the blob's IOBinding.device); CUDA
+        for a cuda device, else CPU. A CPU engine serving a delegate tagged target_device=cuda:0
+        (planned in device memory) passes blob.Device.CUDA.
+    """
+    torch_device = torch.device(device)
+    if torch_device.type not in ("cpu", "cuda"):
+        raise ValueError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
+    example_inputs = tuple(t.to(torch_device) for t in example_inputs)
+    if isinstance(program, ExportedProgram):
+        if aliased_outputs:
+            program = _export(_rewrite_in_place(program.module(), aliased_outputs), example_inputs, dynamic_shapes)
+        elif torch_device.type == "cuda":
+            program = torch.export.passes.move_to_device_pass(program, torch_device)
+    else:
+        module = _rewrite_in_place(program, aliased_outputs) if aliased_outputs else program
+        program = _export(module.to(torch_device), example_inputs, dynamic_shapes)
+
+    bindings, aliased_io = _binding_table(program, binding_device or (
+        blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
+    metadata = {
+        "zerokv.bindings": ";".join(f"{b.name}:{b.direction.name}:{b.dtype.name}" for b in bindings),
+        "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
+        "zerokv.device": torch_device.type,
+    }
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "engine.pt2")
+        torch._inductor.aoti_compile_and_package(
+            program,
+            package_path=path,
+            inductor_configs={"aot_inductor.metadata": metadata},
+        )
+        with open(path, "rb") as package:
+            payload = package.read()
+    return EngineBuild(payload=payload, bindings=bindings, aliased_io=aliased_io)
+
+
+def _export(module, example_inputs, dynamic_shapes):
+    return torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
+
+
+def _rewrite_in_place(module: torch.nn.Module, aliased_outputs: Mapping[int, str]) -> torch.fx.GraphModule:
+    """Turns `return (..., index_copy(k, ...), ...)` into `k.index_copy_(...)`, dropping the output."""
+    if not isinstance(module, torch.fx.GraphModule):
+        raise TypeError("aliased_outputs rewrites a graph: pass an ExportedProgram or a GraphModule")
+    graph = module.graph
+    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
+    output_node = graph.output_node()
+    outputs = list(output_node.args[0])
+    for index, input_name in aliased_outputs.items():
+        if not 0 <= index < len(outputs):
+            raise ValueError(f"aliased_outputs names output {index}, but the graph has {len(outputs)} outputs")
+        if input_name not in placeholders:
+            raise ValueError(f"aliased_outputs names input {input_name!r}, which is not a placeholder")
+        producer = outputs[index]
+        kind = _functional_write_kind(producer)
+        if kind is None or producer.args[0] is not placeholders[input_name]:
+            raise ValueError(
+                f"output {index} is not an index_copy/index_put of input {input_name!r}: writing it in place "
+                "would need a cache-sized copy inside the engine"
+            )
+        if any(user is not output_node for user in producer.users):
+            raise ValueError(f"output {index} (the updated {input_name!r}) is also read inside the graph")
+        producer.target = _IN_PLACE[kind]
+    output_node.args = (tuple(o for i, o in enumerate(outputs) if i not in aliased_outputs),)
+    graph.lint()
+    module.recompile()
+    return module
+
+
+def _functional_write_kind(node) -> Optional[str]:
+    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
+        return None
+    name = str(getattr(node.target, "_name", node.target)).split("::")[-1].split(".")[0]
+    return name if name in _IN_PLACE else None
+
+
+def _binding_table(program: ExportedProgram, binding_device: blob.Device):
+    functional = program.run_decompositions({})
+    signature = functional.graph_signature
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.BUFFER_MUTATION:
+            raise ValueError(
+                f"the partition mutates buffer {spec.target!r}: a cache the engine owns is not the caller's; "
+                "lift it to an input so the engine writes the caller's buffer"
+            )
+    values = {node.name: node.meta["val"] for node in functional.graph.nodes if "val" in node.meta}
+    ranges = functional.range_constraints
+
+    bindings, aliased_io, names = [], [], set()
+    user_inputs = [spec for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    for spec in user_inputs:
+        bindings.append(_binding(spec.arg.name, values[spec.arg.name], blob.Direction.INPUT, binding_device, ranges))
+        names.add(spec.arg.name)
+    outputs = []
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_INPUT_MUTATION:
+            name = _unique(f"{spec.target}_out", names)
+            outputs.append(_binding(name, values[spec.target], blob.Direction.OUTPUT, binding_device, ranges))
+            aliased_io.append(blob.AliasedIO(name, spec.target, blob.AliasKind.KV_CACHE_UPDATE))
+    for spec in signature.output_specs:
+        if spec.kind == OutputKind.USER_OUTPUT:
+            if spec.arg.name in names:
+                raise ValueError(f"output {spec.arg.name!r} returns an input unchanged; the engine cannot bind it twice")
+            name = _unique(spec.arg.name, names)
+            outputs.append(_binding(name, values[spec.arg.name], blob.Direction.OUTPUT, binding_device, ranges))
+    return bindings + outputs, aliased_io
+
+
+def _unique(name, taken):
+    candidate, suffix = name, 1
+    while candidate in taken:
+        candidate, suffix = f"{name}_{suffix}", suffix + 1
+    taken.add(candidate)
+    return candidate
+
+
+def _binding(name, value, direction, device, ranges):
+    if not isinstance(value, torch.Tensor):
+        raise ValueError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
+    if value.dtype not in _DTYPES:
+        raise ValueError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
+    return blob.IOBinding(name, _DTYPES[value.dtype], direction, device, [_dim(name, d, ranges) for d in value.shape])
+
+
+def _dim(name, size, ranges):
+    if isinstance(size, int):
+        return blob.Dim(size, size)
+    expr = size.node.expr
+    bounds = ranges.get(expr)
+    if bounds is None:
+        raise ValueError(f"{name!r} has a derived dynamic dimension {expr}; give it its own Dim with a max")
+    lower, upper = bounds.lower, bounds.upper
+    if not upper.is_finite:
+        raise ValueError(f"{name!r} dimension {expr} has no upper bound; the blob needs one (Dim max)")
+    return blob.Dim(int(lower), int(upper))
