@@ -334,6 +334,9 @@ def test_dynamic_batch_declines_the_layer_and_scatters():
         assert scatter.type == trt.LayerType.SCATTER and scatter.get_input(0).name == cache
     bindings = {b.name: b for b in built.io_bindings}
     assert bindings["k_cache"].role == "kv_cache" and bindings["k_cache"].shape[0] == DynamicDim(1, 4)
+    assert "dynamic extent on axis 0" in predict_aliased_caches(program)["k_cache"]
+    with pytest.raises(AliasingPromiseError, match="cache 'v_cache' was promised.*batch is not static"):
+        build_network(program, promised_aliases=["v_cache"])
     build_plan(built)
 
 
@@ -352,6 +355,7 @@ def test_a_cache_written_twice_scatters_both_writes():
     reasons = " | ".join(f.reason for f in built.fallbacks)
     assert "is not the value written back" in reasons and "not a caller-owned network input" in reasons
     assert built.aliased_io == ()
+    assert "not the value written back" in predict_aliased_caches(program)["layer.k_cache"]
     build_plan(built)
     run_steps_against_eager(
         TinyDecoder(positions, write=write_twice), built, [(torch.randint(0, 64, (1, 2)), torch.tensor([0]))]

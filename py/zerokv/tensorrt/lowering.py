@@ -113,6 +113,7 @@ class TensorRTNetwork:
     profiles: tuple[ResolvedProfile, ...]
     kv_writes: tuple[KVWriteOutcome, ...]
     _logger: object
+    # Holds the host memory of constant weights, which TensorRT reads at build time.
     _context: NetworkContext
 
     def layer_type_counts(self) -> dict[str, int]:
@@ -275,19 +276,41 @@ def predict_aliased_caches(program: torch.export.ExportedProgram) -> dict[str, s
     program = _functional(program)
     signature = _Signature(program)
     lookup = exported_program_constants(program)
-    verdicts: dict[str, str | None] = {}
+    written_back = _written_back_values(program.graph_module, signature)
+    verdicts: dict[str, str | None] = {target: None for target in signature.cache_targets.values()}
+    written: set[str] = set()
     for node in program.graph.nodes:
         if not is_kv_write(node):
             continue
         analysis = analyze_kv_write(node, constants=lookup)
-        cache = analysis.op.cache if analysis.op is not None else None
-        target = signature.cache_targets.get(cache.name) if cache is not None else None
+        if analysis.op is None:
+            continue
+        target = signature.cache_targets.get(analysis.op.cache.name)
         if target is None:
             continue
-        reason = getattr(analysis, "reason", None)
-        if verdicts.get(target) is None:
+        written.add(target)
+        reason = getattr(analysis, "reason", None) or _static_shape_problem(analysis.op)
+        if reason is None and node not in written_back:
+            reason = f"'{node.name}' is not the value written back (the cache is written more than once)"
+        if verdicts[target] is None:
             verdicts[target] = reason
+    for target in set(verdicts) - written:
+        verdicts[target] = "no cache write the lowering recognises produces it"
     return verdicts
+
+
+def _static_shape_problem(op) -> str | None:
+    """The converter's shape checks, asked of FX metadata ahead of time."""
+    cache, update = op.cache.meta["val"], op.update.meta["val"]
+    if cache.dim() != 4 or update.dim() != 4:
+        return f"cache and update of '{op.node.name}' must both be rank 4"
+    for axis in (0, 1, 2, 3):
+        if not isinstance(cache.shape[axis], int):
+            return f"cache '{op.cache.name}' has a dynamic extent on axis {axis}"
+    for axis in (0, 1, 3):
+        if update.shape[axis] != cache.shape[axis]:
+            return f"update of '{op.node.name}' disagrees with its cache on axis {axis}"
+    return None
 
 
 # ----- Internals -----------------------------------------------------------------
