@@ -102,29 +102,26 @@ class AotiEngine final : public Engine {
   Status Load(const blob::Blob& blob) {
     PayloadFile file;
     ZEROKV_RETURN_IF_ERROR(file.Write(blob.payload, blob.payload_size));
-    std::map<std::string, std::string> metadata;
-    try {
-      auto table = torch::inductor::AOTIModelPackageLoader::load_metadata_from_package(file.path(),
-                                                                                       "model");
-      metadata.insert(table.begin(), table.end());
-    } catch (const std::exception& error) {
-      return InvalidProgram(std::string("the AOTInductor payload cannot be read: ") + error.what());
+#ifdef ZEROKV_WITH_CUDA
+    // A CUDA package loads onto the current device.
+    if (cudaSetDevice(blob.device_id) != cudaSuccess) {
+      return Internal("cannot select CUDA device " + std::to_string(blob.device_id));
     }
-    ZEROKV_RETURN_IF_ERROR(ReadBindings(metadata));
-    if (device_ == ComputeDevice::kCuda) {
+#endif
+    try {
+      loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(file.path(), "model");
+    } catch (const std::exception& error) {
+      return InvalidProgram(std::string("the AOTInductor payload does not load: ") + error.what());
+    }
+    auto table = loader_->get_metadata();
+    ZEROKV_RETURN_IF_ERROR(ReadBindings(std::map<std::string, std::string>(table.begin(), table.end())));
 #ifndef ZEROKV_WITH_CUDA
+    if (device_ == ComputeDevice::kCuda) {
       return runtime::NotSupported(
           "the AOTInductor package was compiled for CUDA, but this engine was built without CUDA");
+    }
 #endif
-    }
     device_index_ = device_ == ComputeDevice::kCuda ? blob.device_id : -1;
-    try {
-      loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(
-          file.path(), "model", /*run_single_threaded=*/false, /*num_runners=*/1,
-          static_cast<c10::DeviceIndex>(device_index_));
-    } catch (const std::exception& error) {
-      return InvalidProgram(std::string("the AOTInductor package does not load: ") + error.what());
-    }
     return Status::Ok();
   }
 

@@ -1,0 +1,164 @@
+// The CUDA end-to-end check of the zerokv runtime, run on the GPU machine by gpu_check.sh: a CUDA
+// AOTInductor decode step (py/zerokv/aoti/make_decode_blob.py --device cuda) through ExecuTorch's
+// BackendInterface, the cache in cudaMalloc'd memory tagged DeviceType::CUDA.
+//
+//   gpu_decode_check BLOB caller-stream|own-stream
+//
+// Two decode steps; the second must see the first's write. Checked with pointers (the address the
+// engine was bound to is the caller's cudaMalloc'd cache) and bytes (the whole cache copied back
+// after the run: exactly the written positions changed). With caller-stream the steps run on a
+// cudaStreamNonBlocking stream under a CallerStreamGuard and nothing synchronizes between them:
+// the execute returns with the work in flight, and the check reads results only after
+// synchronizing that stream, so a missing dependency shows up as wrong bytes or a sanitizer report.
+#include <cuda_runtime_api.h>
+
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <executorch/runtime/backend/interface.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "cc/runtime/backend.h"
+#include "cc/runtime/caller_stream.h"
+#include "cc/runtime/delegate.h"
+#include "cc/runtime/testing/et_tensor.h"
+
+namespace {
+
+using executorch::aten::ScalarType;
+using executorch::runtime::BackendExecutionContext;
+using executorch::runtime::BackendInitContext;
+using executorch::runtime::Error;
+using executorch::runtime::EValue;
+using executorch::runtime::FreeableBuffer;
+using executorch::runtime::Span;
+using zerokv::runtime::testing::OwnedTensor;
+using ET = executorch::runtime::etensor::DeviceType;
+
+constexpr int kPositions = 8;
+constexpr int kCacheFloats = 2 * kPositions * 4;
+int failures = 0;
+
+#define CHECK(condition, ...)                          \
+  do {                                                 \
+    if (!(condition)) {                                \
+      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
+      std::printf(__VA_ARGS__);                        \
+      std::printf("\n");                               \
+      ++failures;                                      \
+    }                                                  \
+  } while (0)
+
+#define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
+
+template <typename T>
+T* DeviceCopyOf(const std::vector<T>& host) {
+  T* device = nullptr;
+  CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&device), host.size() * sizeof(T)));
+  CUDA_OK(cudaMemcpy(device, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice));
+  return device;
+}
+
+template <typename T>
+std::vector<T> HostCopyOf(const T* device, size_t count) {
+  std::vector<T> host(count);
+  CUDA_OK(cudaMemcpy(host.data(), device, count * sizeof(T), cudaMemcpyDeviceToHost));
+  return host;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s BLOB caller-stream|own-stream\n", argv[0]);
+    return 2;
+  }
+  const bool caller_stream = std::string(argv[2]) == "caller-stream";
+  executorch::runtime::runtime_init();
+  auto* backend = executorch::runtime::get_backend_class(zerokv::runtime::kBackendName);
+  CHECK(backend != nullptr, "ZeroKVBackend is not registered");
+  if (backend == nullptr) return 1;
+
+  std::ifstream file(argv[1], std::ios::binary);
+  std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(file)), {});
+  BackendInitContext init_context(nullptr, nullptr, "forward");
+  FreeableBuffer processed(bytes.data(), bytes.size(), nullptr);
+  auto handle = backend->init(init_context, &processed, {});
+  CHECK(handle.ok(), "init failed");
+  if (!handle.ok()) return 1;
+  auto* delegate = static_cast<zerokv::runtime::Delegate*>(handle.get());
+
+  float* cache_data = DeviceCopyOf(std::vector<float>(kCacheFloats, 0.0f));
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, cache_data);
+  float* x1 = DeviceCopyOf(std::vector<float>(8, 1.5f));
+  float* x2 = DeviceCopyOf(std::vector<float>(8, 0.25f));
+  int64_t* pos1 = DeviceCopyOf(std::vector<int64_t>{2});
+  int64_t* pos2 = DeviceCopyOf(std::vector<int64_t>{5});
+  float* attention1 = DeviceCopyOf(std::vector<float>(8, -1.0f));
+  float* attention2 = DeviceCopyOf(std::vector<float>(8, -1.0f));
+  OwnedTensor<float> x_1(ScalarType::Float, {1, 2, 1, 4}, ET::CUDA, x1);
+  OwnedTensor<float> x_2(ScalarType::Float, {1, 2, 1, 4}, ET::CUDA, x2);
+  OwnedTensor<int64_t> pos_1(ScalarType::Long, {1}, ET::CUDA, pos1);
+  OwnedTensor<int64_t> pos_2(ScalarType::Long, {1}, ET::CUDA, pos2);
+  OwnedTensor<float> att_1(ScalarType::Float, {1, 2, 4}, ET::CUDA, attention1);
+  OwnedTensor<float> att_2(ScalarType::Float, {1, 2, 4}, ET::CUDA, attention2);
+
+  cudaStream_t stream = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  {
+    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    BackendExecutionContext context;
+    EValue* step1[] = {x_1.value(), pos_1.value(), cache.value(), att_1.value()};
+    EValue* step2[] = {x_2.value(), pos_2.value(), cache.value(), att_2.value()};
+    CHECK(backend->execute(context, *handle, Span<EValue*>(step1, 4)) == Error::Ok, "step 1");
+    CHECK(delegate->bound_address("k_cache_out") == cache_data, "step 1 not bound to the cache");
+    CHECK(backend->execute(context, *handle, Span<EValue*>(step2, 4)) == Error::Ok, "step 2");
+    CHECK(delegate->bound_address("k_cache_out") == cache_data, "step 2 not bound to the cache");
+  }
+  if (caller_stream) {
+    CUDA_OK(cudaStreamSynchronize(stream));
+  } else {
+    // The delegate's own stream is non-blocking: destroy drains its in-flight event.
+    backend->destroy(*handle);
+  }
+
+  std::vector<float> first = HostCopyOf(attention1, 8);
+  std::vector<float> second = HostCopyOf(attention2, 8);
+  for (int i = 0; i < 8; ++i) {
+    CHECK(first[i] == 3.0f, "step 1 attention[%d] = %f, want 3", i, first[i]);
+    CHECK(second[i] == 3.5f, "step 2 attention[%d] = %f, want 3.5 (saw step 1's KV?)", i, second[i]);
+  }
+  std::vector<float> cache_bytes = HostCopyOf(cache_data, kCacheFloats);
+  for (int row = 0; row < 2; ++row) {
+    for (int position = 0; position < kPositions; ++position) {
+      const float want = position == 2 ? 1.5f : position == 5 ? 0.25f : 0.0f;
+      for (int h = 0; h < 4; ++h) {
+        const float got = cache_bytes[(row * kPositions + position) * 4 + h];
+        CHECK(got == want, "cache[%d,%d,%d] = %f, want %f", row, position, h, got, want);
+      }
+    }
+  }
+
+  // A host-resident alias target is refused, and the cache keeps its bytes.
+  if (caller_stream) {
+    OwnedTensor<float> host_cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CPU);
+    EValue* bad[] = {x_1.value(), pos_1.value(), host_cache.value(), att_1.value()};
+    BackendExecutionContext context;
+    CHECK(backend->execute(context, *handle, Span<EValue*>(bad, 4)) == Error::InvalidArgument,
+          "host-resident alias target accepted");
+    backend->destroy(*handle);
+    CHECK(HostCopyOf(cache_data, kCacheFloats) == cache_bytes, "cache changed by a refusal");
+  }
+  CUDA_OK(cudaStreamDestroy(stream));
+  for (void* p : {static_cast<void*>(cache_data), static_cast<void*>(x1), static_cast<void*>(x2),
+                  static_cast<void*>(pos1), static_cast<void*>(pos2),
+                  static_cast<void*>(attention1), static_cast<void*>(attention2)}) {
+    CUDA_OK(cudaFree(p));
+  }
+  std::printf("%s %s: %d failures\n", argv[2], failures == 0 ? "PASS" : "FAIL", failures);
+  return failures == 0 ? 0 : 1;
+}
