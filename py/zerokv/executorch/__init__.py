@@ -1,0 +1,17 @@
+"""ExecuTorch integration: the zerokv partitioner and backend, and zero-copy KV export."""
+
+from zerokv.executorch.api import export, save
+from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, ZeroKVBackend
+from zerokv.executorch.partitioner import BACKEND_ID, ZeroKVPartitioner
+from zerokv.executorch.zero_copy import check_zero_copy_kv
+
+__all__ = [
+    "ALIASED_BUFFER",
+    "BACKEND_ID",
+    "ZeroCopyError",
+    "ZeroKVBackend",
+    "ZeroKVPartitioner",
+    "check_zero_copy_kv",
+    "export",
+    "save",
+]

@@ -1,0 +1,46 @@
+"""The AOTInductor engine kind: zerokv.aoti's compile, as an engine build for the blob.
+
+The package is compiled for `compile_device` ("cuda" on a GPU machine; "cpu" on the CPU machines,
+where delegates tagged cuda:N run over a host-memory device allocator in tests). The bindings are
+CUDA either way: that is where ExecuTorch plans the delegate's I/O.
+"""
+
+from __future__ import annotations
+
+import torch
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+
+from zerokv import blob
+from zerokv.aoti import compile_aoti
+from zerokv.executorch import specs
+
+COMPILE_DEVICE_SPEC = "zerokv.aoti.compile_device"
+
+
+def default_compile_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def options_to_specs(options):
+    unknown = set(options) - {"compile_device"}
+    if unknown:
+        raise ValueError(f"unknown AOTInductor engine options {sorted(unknown)}; known: ['compile_device']")
+    device = options.get("compile_device", default_compile_device())
+    if device not in ("cpu", "cuda"):
+        raise ValueError(f"AOTInductor compile_device {device!r}: expected 'cpu' or 'cuda'")
+    return [CompileSpec(COMPILE_DEVICE_SPEC, device.encode())]
+
+
+def options_from_specs(compile_specs):
+    return {"compile_device": specs.read(compile_specs, COMPILE_DEVICE_SPEC, default_compile_device())}
+
+
+def build(program, aliased_inputs, device: str, compile_device: str):
+    examples = []
+    for node in program.graph.find_nodes(op="placeholder"):
+        if node.name in program.graph_signature.user_inputs:
+            value = node.meta["val"]
+            shape = [int(extent.node.hint) if isinstance(extent, torch.SymInt) else int(extent) for extent in value.shape]
+            examples.append(torch.zeros(shape, dtype=value.dtype))
+    target = f"cuda:{specs.parse_device(device)}" if compile_device == "cuda" else "cpu"
+    return compile_aoti(program, examples, target, binding_device=blob.Device.CUDA)

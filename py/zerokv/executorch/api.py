@@ -1,0 +1,127 @@
+"""zerokv's public export API: one call that lowers, applies zero-copy KV whole, and finalizes.
+
+    manager = zerokv.export({"prefill": prefill_ep, "decode": decode_ep}, engine="aoti")
+    zerokv.save(manager, "model.pte")
+
+There is deliberately no two-step form: the repointed buffer mutations (before partitioning) and the
+un-staged device copies (when the program is finalized) are applied together or not at all, because
+either one alone gives a program whose cache silently stops updating.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import tempfile
+
+import torch
+from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+from torch._decomp import core_aten_decompositions
+
+from zerokv.executorch.backend import ZeroCopyError, is_zerokv_delegate, parsed_blob
+from zerokv.executorch.engines import PRESERVED_OPS, engine_named
+from zerokv.executorch.partitioner import ZeroKVPartitioner
+from zerokv.executorch.zero_copy import (
+    UnstageAliasedBuffers,
+    check_zero_copy_kv,
+    delegate_nodes,
+    repoint_aliased_buffer_mutations,
+    verify_lowered_method,
+)
+
+logger = logging.getLogger(__name__)
+
+
+def _decompositions():
+    """Core ATen decompositions, less the ops the engines take whole."""
+    table = core_aten_decompositions()
+    for op in PRESERVED_OPS:
+        table.pop(op, None)
+    return table
+
+
+def export(
+    programs,
+    *,
+    engine: str = "aoti",
+    device: str = "cuda:0",
+    zero_copy_kv: bool = True,
+    backend_config: ExecutorchBackendConfig | None = None,
+    compile_config: EdgeCompileConfig | None = None,
+    engine_options: dict | None = None,
+):
+    """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
+
+    Args:
+      programs: an ExportedProgram (the method "forward") or {method name: ExportedProgram}.
+      engine: "aoti" (AOTInductor) or "tensorrt".
+      zero_copy_kv: write the caller's KV caches in place (no staging copy, no copy-back). Only
+        mutations the engine can write in place are affected; the others (e.g. a conv state) keep
+        ExecuTorch's copy-back. False gives plain ExecuTorch behaviour.
+      backend_config: the caller's ExecutorchBackendConfig; its memory planning and its own
+        to_out_var_pass keep working (zero-copy composes onto it).
+      engine_options: for "tensorrt", e.g. {"profiles": [...]}.
+
+    Returns:
+      The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
+
+    Raises:
+      ZeroCopyError: zero-copy was asked for but cannot be applied safely; names buffer and method.
+    """
+    if isinstance(programs, torch.export.ExportedProgram):
+        programs = {"forward": programs}
+    adapter = engine_named(engine, **(engine_options or {}))
+    prepared = {}
+    declined = {}
+    for method, program in programs.items():
+        program = program.run_decompositions(_decompositions())
+        if zero_copy_kv:
+            declined[method] = repoint_aliased_buffer_mutations(program, adapter, method)
+            for buffer, reason in declined[method].items():
+                logger.warning("zerokv: method '%s' keeps the copy-back of buffer '%s': %s", method, buffer, reason)
+        prepared[method] = program
+    partitioners = {
+        method: [ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options)] for method in prepared
+    }
+    edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
+    if zero_copy_kv:
+        for method in prepared:
+            verify_lowered_method(edge.exported_program(method).graph_module, method)
+
+    base = backend_config or ExecutorchBackendConfig()
+    if not zero_copy_kv:
+        return edge.to_executorch(base)
+    config = dataclasses.replace(base)
+    config.to_out_var_pass = UnstageAliasedBuffers(config, base.to_out_var_pass)
+    manager = edge.to_executorch(config)
+    try:
+        check_zero_copy_kv(manager)
+    except ZeroCopyError as error:
+        if any(declined.values()):
+            raise ZeroCopyError(f"{error}; declined: {declined}") from None
+        raise
+    return manager
+
+
+def _has_zero_copy_delegate(manager) -> bool:
+    for method in manager.methods:
+        for _, lowered in delegate_nodes(manager.exported_program(method).graph_module):
+            if is_zerokv_delegate(lowered) and parsed_blob(lowered).aliased_outputs_elided:
+                return True
+    return False
+
+
+def save(manager, path: str):
+    """Writes the .pte of `manager` to `path`, after check_zero_copy_kv when it has zero-copy
+    delegates. The file is written whole or not at all (an existing file is never left truncated)."""
+    if _has_zero_copy_delegate(manager):
+        check_zero_copy_kv(manager)
+    directory = os.path.dirname(os.path.abspath(path))
+    with tempfile.NamedTemporaryFile(dir=directory, prefix=".zerokv-", delete=False) as out:
+        try:
+            manager.write_to_file(out)
+        except BaseException:
+            os.unlink(out.name)
+            raise
+    os.replace(out.name, path)

@@ -1,0 +1,110 @@
+"""ZeroKVBackend: ExecuTorch's `preprocess` for zerokv delegates, which writes the blob.
+
+The delegate's program is compiled by its engine (compile spec `zerokv.engine`). Caller-owned caches
+that zero_copy.py promised in-place writes for are marked on their placeholders; the engine must
+report each of them as aliased, the blob records the aliased I/O and that the aliased outputs are
+elided, and anything short of that refuses the export: a write is never silently dropped.
+"""
+
+from __future__ import annotations
+
+from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
+from torch.export.graph_signature import InputKind
+
+from zerokv import blob
+from zerokv.executorch import specs
+from zerokv.executorch.engine_program import engine_program
+from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named
+
+# Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
+ALIASED_BUFFER = "zerokv_aliased_buffer"
+
+
+class ZeroCopyError(RuntimeError):
+    """Zero-copy KV cannot be applied as asked; the message names the buffer and the method."""
+
+
+def _describe(method, user_inputs):
+    return f"method '{method}', delegate over ({', '.join(user_inputs)})"
+
+
+class ZeroKVBackend(BackendDetails):
+    @staticmethod
+    def preprocess(edge_program, compile_specs) -> PreprocessResult:
+        engine_name = specs.read(compile_specs, specs.ENGINE)
+        if engine_name not in ENGINE_KINDS:
+            raise ValueError(f"compile spec {specs.ENGINE}={engine_name!r}: expected one of {sorted(ENGINE_KINDS)}")
+        device = specs.read(compile_specs, specs.TARGET_DEVICE, "cuda:0")
+        device_index = specs.parse_device(device)
+        method = specs.read(compile_specs, specs.METHOD, "forward")
+        zero_copy_kv = specs.read(compile_specs, specs.ZERO_COPY_KV, "0") == "1"
+
+        signature = edge_program.graph_signature
+        user_inputs = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+        delegate = _describe(method, user_inputs)
+        placeholders = {node.name: node for node in edge_program.graph.find_nodes(op="placeholder")}
+        promised = {name: placeholders[name].meta[ALIASED_BUFFER] for name in user_inputs
+                    if ALIASED_BUFFER in placeholders[name].meta}
+        if promised and not zero_copy_kv:
+            raise ZeroCopyError(f"{delegate}: caches {sorted(promised.values())} were repointed for zero-copy, "
+                                "but the delegate was not partitioned with zero_copy_kv")
+        _refuse_cache_value_outputs(edge_program, promised, delegate)
+
+        engine = engine_named(engine_name, **engine_options_from_specs(engine_name, compile_specs))
+        build = engine.build(engine_program(edge_program, promised, delegate), promised, device)
+
+        aliased_inputs = {alias.input for alias in build.aliased_io}
+        lost = set(promised) - aliased_inputs
+        if lost:
+            raise ZeroCopyError(
+                f"{delegate}: the engine does not write {sorted(promised[name] for name in lost)} in place, "
+                "though their copy-back was removed on that promise; the update would be lost")
+        unpromised = aliased_inputs - set(promised)
+        if unpromised:
+            raise ZeroCopyError(
+                f"{delegate}: the engine aliases {sorted(unpromised)} whose outputs are still delegate outputs; "
+                "a partial elision cannot be expressed to the runtime")
+
+        elided = bool(build.aliased_io)
+        metadata = blob.Metadata(bindings=build.bindings, aliased_io=build.aliased_io, kv_layers=[],
+                                 step_width_source="")
+        delegate_signature = blob.delegate_signature(metadata, elided)
+        outputs = len(signature.user_outputs)
+        if (len(delegate_signature.inputs), len(delegate_signature.outputs)) != (len(user_inputs), outputs):
+            raise ZeroCopyError(
+                f"{delegate}: the engine takes {len(delegate_signature.inputs)} inputs and gives "
+                f"{len(delegate_signature.outputs)} outputs as delegate arguments, but the delegate has "
+                f"{len(user_inputs)} inputs and {outputs} outputs")
+        processed = blob.serialize(blob.Blob(
+            engine_kind=engine.kind,
+            device_id=device_index,
+            aliased_outputs_elided=elided,
+            metadata=metadata,
+            payload=build.payload,
+        ))
+        return PreprocessResult(processed_bytes=processed)
+
+
+def _refuse_cache_value_outputs(edge_program, promised, delegate):
+    """An updated cache read outside the delegate would have to leave it as a cache-sized copy."""
+    output_node = edge_program.graph.output_node()
+    returned = set(output_node.args[0])
+    for name, buffer in promised.items():
+        cache = next(node for node in edge_program.graph.find_nodes(op="placeholder") if node.name == name)
+        for write in cache.users:
+            if write in returned:
+                raise ZeroCopyError(
+                    f"{delegate}: the updated value of cache '{buffer}' is read outside the delegate; "
+                    "zero-copy KV needs every read of it in the delegate that writes it")
+
+
+def engine_options_from_specs(engine_name, compile_specs):
+    return engine_module(engine_name).options_from_specs(compile_specs)
+
+
+def is_zerokv_delegate(lowered_module) -> bool:
+    return getattr(lowered_module, "backend_id", None) == ZeroKVBackend.__name__
+
+
+def parsed_blob(lowered_module):
+    return blob.parse(lowered_module.processed_bytes)

@@ -1,0 +1,180 @@
+"""The engine kinds a zerokv delegate can hold, behind one small interface.
+
+An engine adapter answers three questions for the partitioner and `preprocess`:
+  supports(node)             can the engine run this FX node?
+  alias_decline(write, ...)  can the engine write this KV cache update in place? None, or the reason
+  build(program, ...)        compile the delegate's program: payload, I/O bindings, aliased I/O
+
+`build` is told which inputs are caller-owned buffers whose writes were promised to land in place
+(`aliased_inputs`, placeholder name -> buffer). The blob records what the engine itself reports as
+aliased; zero_copy.py checks the two agree and refuses the export when they do not.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import executorch.exir  # noqa: F401  (registers the dim_order_ops the Edge dialect uses)
+import torch
+from torch import fx
+
+from zerokv import blob
+from zerokv.aoti import EngineBuild  # payload, bindings (inputs, then outputs), aliased_io
+
+_TO_DIM_ORDER_COPY = torch.ops.dim_order_ops._to_dim_order_copy.default
+
+ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
+
+
+class EngineBuildError(RuntimeError):
+    """The engine could not be built for a delegate; the message names the delegate and why."""
+
+
+_TORCH_TO_BLOB_DTYPE = {
+    torch.float32: blob.DType.FLOAT32,
+    torch.float16: blob.DType.FLOAT16,
+    torch.bfloat16: blob.DType.BFLOAT16,
+    torch.int32: blob.DType.INT32,
+    torch.int64: blob.DType.INT64,
+    torch.int8: blob.DType.INT8,
+    torch.uint8: blob.DType.UINT8,
+    torch.bool: blob.DType.BOOL,
+}
+
+
+def blob_dtype(dtype: torch.dtype, what: str):
+    try:
+        return _TORCH_TO_BLOB_DTYPE[dtype]
+    except KeyError:
+        raise EngineBuildError(f"{what}: dtype {dtype} has no zerokv blob encoding") from None
+
+
+_aten = torch.ops.aten
+# The Edge dialect spells views as copies; engines take the views (they never alias a view's input).
+_VIEW_OF_COPY = {
+    _aten.alias_copy.default: _aten.alias.default,
+    _aten.expand_copy.default: _aten.expand.default,
+    _aten.permute_copy.default: _aten.permute.default,
+    _aten.select_copy.int: _aten.select.int,
+    _aten.slice_copy.Tensor: _aten.slice.Tensor,
+    _aten.squeeze_copy.dim: _aten.squeeze.dim,
+    _aten.squeeze_copy.dims: _aten.squeeze.dims,
+    _aten.t_copy.default: _aten.t.default,
+    _aten.transpose_copy.int: _aten.transpose.int,
+    _aten.unsqueeze_copy.default: _aten.unsqueeze.default,
+    _aten.view_copy.default: _aten.view.default,
+}
+
+
+def aten_target(node: fx.Node):
+    """The ATen overload an engine sees for an FX node, whether its target is an Edge or an ATen op."""
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        target = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
+    if target is _TO_DIM_ORDER_COPY:
+        return _aten._to_copy.default
+    return _VIEW_OF_COPY.get(target, target)
+
+
+# Ops every engine takes whole: the KV write the engines alias, and attention (whose decomposition
+# would scatter the attention of a decoder layer over several partitions).
+PRESERVED_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.scaled_dot_product_attention.default)
+
+# Functional KV writes an engine can turn into an in-place write of the cache input: the cache is
+# argument 0 and the result has the cache's shape.
+KV_WRITE_OPS = (
+    torch.ops.aten.index_copy.default,
+    torch.ops.aten.index_put.default,
+    torch.ops.aten.slice_scatter.default,
+)
+
+
+# The KV writes TensorRT lowers (as a KV cache update layer, or a scatter when not provably contiguous).
+_TENSORRT_KV_WRITES = (torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)
+
+
+def is_kv_write(node: fx.Node) -> bool:
+    return node.op == "call_function" and aten_target(node) in KV_WRITE_OPS
+
+
+def _tensor_shape_supported(node: fx.Node) -> bool:
+    return node.target is operator.getitem or isinstance(node.meta.get("val"), (torch.Tensor, tuple, list, int))
+
+
+class AotiEngine:
+    """AOTInductor: compiles the delegate's program into a package the runtime loads with libtorch.
+
+    It runs every ATen op, and writes any index_copy / index_put / slice_scatter of a caller-owned
+    cache in place, whatever the index (no contiguity is needed to be correct in place).
+    """
+
+    kind = blob.EngineKind.AOTI
+
+    def __init__(self, compile_device=None):
+        from zerokv.executorch import aoti_engine
+
+        self.compile_device = compile_device or aoti_engine.default_compile_device()
+
+    def supports(self, node: fx.Node) -> bool:
+        return node.op == "call_function" and _tensor_shape_supported(node)
+
+    def alias_decline(self, write: fx.Node, program) -> str | None:
+        return None
+
+    def build(self, program, aliased_inputs, device: str) -> EngineBuild:
+        from zerokv.executorch import aoti_engine
+
+        return aoti_engine.build(program, aliased_inputs, device, self.compile_device)
+
+
+class TensorRTEngine:
+    """TensorRT: a network built with the TensorRT (or TensorRT-RTX) builder, serialized as a plan.
+
+    A KV write is aliased only when it provably writes a contiguous run of positions of a cache
+    with static batch, heads, head_dim and length (zerokv.kvwrite); others fall back to a scatter.
+    """
+
+    kind = blob.EngineKind.TENSORRT
+
+    def __init__(self, profiles=None):
+        self.profiles = profiles
+
+    def supports(self, node: fx.Node) -> bool:
+        from zerokv.tensorrt.converters import CONVERTERS
+
+        if node.op != "call_function":
+            return False
+        target = aten_target(node)
+        return target in CONVERTERS or target in _TENSORRT_KV_WRITES
+
+    def alias_decline(self, write: fx.Node, program) -> str | None:
+        from zerokv import kvwrite
+
+        analysis = kvwrite.analyze_kv_write(write, constants=kvwrite.exported_program_constants(program))
+        return getattr(analysis, "reason", None)
+
+    def build(self, program, aliased_inputs, device: str) -> EngineBuild:
+        from zerokv.executorch import tensorrt_engine
+
+        return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
+
+
+def engine_named(name: str, **options):
+    if name == "aoti":
+        return AotiEngine(**options)
+    if name == "tensorrt":
+        return TensorRTEngine(**options)
+    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")
+
+
+def engine_module(name: str):
+    """The module of an engine kind: its build and its option <-> compile spec encoding."""
+    if name == "aoti":
+        from zerokv.executorch import aoti_engine
+
+        return aoti_engine
+    if name == "tensorrt":
+        from zerokv.executorch import tensorrt_engine
+
+        return tensorrt_engine
+    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")

@@ -1,0 +1,80 @@
+"""The ExecuTorch partitioner for zerokv delegates.
+
+It claims the nodes its engine supports, in as few partitions as the graph allows, and tags each
+partition with the zerokv backend, the engine kind and `target_device` (which ExecuTorch's
+PropagateDevicePass reads to plan the delegate's I/O in device memory). Mutable buffers are never
+claimed: KV caches stay above the delegate, owned by the caller. index_copy (the KV write the
+engines alias) and attention are kept whole.
+"""
+
+from __future__ import annotations
+
+from executorch.exir.backend.compile_spec_schema import CompileSpec
+from executorch.exir.backend.partitioner import DelegationSpec, Partitioner, PartitionResult
+from executorch.exir.backend.utils import tag_constant_data
+from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
+from torch.fx.passes.operator_support import OperatorSupportBase
+
+from zerokv.executorch import specs
+from zerokv.executorch.backend import ZeroKVBackend
+from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named
+
+BACKEND_ID = ZeroKVBackend.__name__
+
+
+class _EngineSupport(OperatorSupportBase):
+    def __init__(self, engine):
+        self.engine = engine
+
+    def is_node_supported(self, submodules, node) -> bool:
+        return self.engine.supports(node)
+
+
+def _engine_option_specs(engine, engine_options):
+    """Engine options travel to `preprocess` (a static method) as compile specs."""
+    return engine_module(engine).options_to_specs(engine_options or {})
+
+
+class ZeroKVPartitioner(Partitioner):
+    """Partitions one method for a zerokv engine.
+
+    Args:
+      engine: "aoti" or "tensorrt".
+      device: the CUDA device the delegates run on, "cuda:N".
+      method: the method's name, carried in the compile specs so that errors can name it.
+      zero_copy_kv: whether the caller-owned caches this method writes in place are elided from the
+        delegate's outputs (set by zerokv.export, which also repoints the buffer mutations).
+      engine_options: passed to the engine adapter (e.g. TensorRT `profiles`).
+    """
+
+    def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None):
+        specs.parse_device(device)
+        self.engine_name = engine
+        self.engine = engine_named(engine, **(engine_options or {}))
+        self.delegation_spec = DelegationSpec(
+            BACKEND_ID,
+            [
+                CompileSpec(specs.TARGET_DEVICE, device.encode()),
+                CompileSpec(specs.ENGINE, engine.encode()),
+                CompileSpec(specs.METHOD, method.encode()),
+                CompileSpec(specs.ZERO_COPY_KV, b"1" if zero_copy_kv else b"0"),
+                *_engine_option_specs(engine, engine_options),
+            ],
+        )
+
+    def ops_to_not_decompose(self, ep):
+        return list(PRESERVED_OPS), None
+
+    def partition(self, exported_program) -> PartitionResult:
+        graph_module = exported_program.graph_module
+        partitions = CapabilityBasedPartitioner(
+            graph_module, _EngineSupport(self.engine), allows_single_node_partition=True
+        ).propose_partitions()
+        tags = {}
+        for partition in partitions:
+            tag = f"zerokv_{partition.id}"
+            for node in partition.nodes:
+                node.meta["delegation_tag"] = tag
+            tags[tag] = self.delegation_spec
+        tag_constant_data(exported_program)
+        return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)

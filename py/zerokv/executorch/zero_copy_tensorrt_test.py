@@ -1,0 +1,192 @@
+"""Zero-copy KV export on real ExecuTorch programs with TensorRT delegates (TensorRT-RTX plans,
+built on the CPU). These assert on the finalized programs; execution is tested with the AOTInductor
+engine kind (zero_copy_aoti_test.py)."""
+
+import logging
+import operator
+
+import pytest
+import torch
+from executorch.exir import ExecutorchBackendConfig
+from executorch.exir import schema as et_schema
+from executorch.exir.delegate import executorch_call_delegate
+from torch.export.graph_signature import OutputKind
+
+import zerokv.executorch as zx
+from zerokv import blob
+from zerokv.executorch.zero_copy import delegate_nodes
+from zerokv.tensorrt import testing_models as tm
+
+H2D = torch.ops.et_copy._h2d_copy.out
+CACHE_SHAPE = (1, tm.HEADS, tm.MAX_SEQ, tm.HEAD_DIM)
+
+
+def _decoder_program(positions=tm.arange_plus_offset, length=1):
+    return tm.export_decoder(tm.TinyDecoder(positions), length, torch.tensor([3]))
+
+
+class DecoderWithConvState(torch.nn.Module):
+    """A decoder step beside a non-KV mutable buffer (a ring-shifted conv state)."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = tm.TinyDecoder(tm.arange_plus_offset)
+        self.register_buffer("conv_state", torch.zeros(1, 4, tm.VOCAB))
+
+    def forward(self, input_ids, offset):
+        logits = self.decoder(input_ids, offset)
+        shifted = torch.cat([self.conv_state[:, 1:], logits[:, -1:]], dim=1)
+        self.conv_state.copy_(shifted)
+        return logits + shifted.sum(dim=1, keepdim=True)
+
+
+def _graph(manager, method="forward"):
+    return manager.exported_program(method).graph_module.graph
+
+
+def _placeholder(graph, buffer):
+    return next(n for n in graph.find_nodes(op="placeholder") if n.target == "b_" + buffer.replace(".", "_"))
+
+
+def _zero_copy_delegates(manager, method="forward"):
+    found = []
+    for node, lowered in delegate_nodes(manager.exported_program(method).graph_module):
+        if lowered.backend_id == zx.BACKEND_ID:
+            found.append((node, blob.parse(lowered.processed_bytes)))
+    return found
+
+
+def _assert_caches_zero_copy(manager, method="forward", caches=("layer.k_cache", "layer.v_cache")):
+    graph = _graph(manager, method)
+    signature = manager.exported_program(method).graph_signature
+    plan = next(p for p in manager.executorch_program.execution_plan if p.name == method)
+    cuda_buffers = {e.buffer_idx for e in plan.non_const_buffer_device if e.device_type == et_schema.DeviceType.CUDA}
+    for cache in caches:
+        node = _placeholder(graph, cache)
+        assert not any(user.target is H2D for user in node.users), f"{cache} is still staged"
+        assert any(user.target is executorch_call_delegate for user in node.users), f"{cache} reaches no delegate"
+        assert node.meta["spec"].device == et_schema.DeviceType.CUDA
+        assert node.meta["spec"].mem_id in cuda_buffers, f"{cache} is not planned in a CUDA arena"
+        assert not any(user.target is torch.ops.aten.copy_.default for user in node.users), f"{cache} is copied back"
+        mutation = [s for s in signature.output_specs if s.kind == OutputKind.BUFFER_MUTATION and s.target == cache]
+        assert [s.arg.name for s in mutation] == [node.name], "the mutation spec must point at the placeholder"
+
+
+def test_decode_step_writes_caches_in_place():
+    manager = zx.export(_decoder_program(), engine="tensorrt")
+    _assert_caches_zero_copy(manager)
+    ((node, parsed),) = _zero_copy_delegates(manager)
+    assert parsed.engine_kind == blob.EngineKind.TENSORRT
+    assert parsed.aliased_outputs_elided
+    assert {(a.input, a.kind) for a in parsed.metadata.aliased_io} == {
+        ("b_layer_k_cache", blob.AliasKind.KV_CACHE_UPDATE),
+        ("b_layer_v_cache", blob.AliasKind.KV_CACHE_UPDATE),
+    }
+    # The recorded elision and the delegate's arity agree: inputs, then the one logits output.
+    signature = blob.delegate_signature(parsed.metadata, parsed.aliased_outputs_elided)
+    assert len(node.args) - 1 == len(signature.inputs)
+    assert len([u for u in node.users if u.target is operator.getitem]) == len(signature.outputs) == 1
+
+
+def test_opt_out_is_plain_executorch():
+    manager = zx.export(_decoder_program(), engine="tensorrt", zero_copy_kv=False)
+    graph = _graph(manager)
+    for cache in ("layer.k_cache", "layer.v_cache"):
+        node = _placeholder(graph, cache)
+        assert any(user.target is H2D for user in node.users), f"{cache} should be staged"
+        assert any(user.target is torch.ops.aten.copy_.default for user in node.users), f"{cache} needs a copy-back"
+    ((_, parsed),) = _zero_copy_delegates(manager)
+    assert not parsed.aliased_outputs_elided
+    with pytest.raises(zx.ZeroCopyError, match="no method"):
+        zx.check_zero_copy_kv(manager)
+
+
+def test_conv_state_keeps_its_copy_back_and_the_mutation_map_stays_paired():
+    with torch.no_grad():
+        program = torch.export.export(
+            DecoderWithConvState().eval(), (torch.randint(0, tm.VOCAB, (1, 1)), torch.tensor([3])))
+    manager = zx.export(program, engine="tensorrt")
+    _assert_caches_zero_copy(manager, caches=("decoder.layer.k_cache", "decoder.layer.v_cache"))
+    graph = _graph(manager)
+    conv = _placeholder(graph, "conv_state")
+    copies = [user for user in conv.users if user.target is torch.ops.aten.copy_.default]
+    assert len(copies) == 1, "conv_state must keep its write-back"
+    # Each mutated buffer is paired with what writes it: a zero-copy cache with its own placeholder,
+    # conv_state with its copy-back (a crossed map would pair a cache with the copy, see upstream.md).
+    mutations = {
+        spec.target: spec.arg.name
+        for spec in manager.exported_program().graph_signature.output_specs
+        if spec.kind == OutputKind.BUFFER_MUTATION
+    }
+    assert mutations == {
+        "conv_state": mutations["conv_state"],
+        "decoder.layer.k_cache": "b_decoder_layer_k_cache",
+        "decoder.layer.v_cache": "b_decoder_layer_v_cache",
+    }
+    assert mutations["conv_state"].startswith("copy_")
+
+
+def test_scattered_write_keeps_its_copy_back_visibly(caplog):
+    scattered = lambda length, offset: torch.tensor([5, 1, 9])[:length] + offset * 0  # noqa: E731
+    with caplog.at_level(logging.WARNING, logger="zerokv.executorch.api"):
+        with pytest.raises(zx.ZeroCopyError, match="no method"):
+            zx.export(_decoder_program(scattered), engine="tensorrt")
+    assert "keeps the copy-back of buffer 'layer.k_cache'" in caplog.text
+
+
+def test_host_memory_planning_is_refused():
+    config = ExecutorchBackendConfig(enable_non_cpu_memory_planning=False)
+    with pytest.raises(zx.ZeroCopyError, match=r"method 'forward': buffer 'layer\.k_cache'.*enable_non_cpu_memory_planning"):
+        zx.export(_decoder_program(), engine="tensorrt", backend_config=config)
+
+
+class WriteOnly(torch.nn.Module):
+    """Writes the cache and never reads it: with the copy-back gone, the write would be dead."""
+
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("k_cache", torch.zeros(CACHE_SHAPE))
+
+    def forward(self, update, offset):
+        self.k_cache.index_copy_(2, torch.arange(1) + offset, update)
+        return update * 2
+
+
+def test_an_engine_whose_every_output_would_be_elided_is_refused():
+    program = torch.export.export(WriteOnly(), (torch.ones(1, tm.HEADS, 1, tm.HEAD_DIM), torch.tensor([2])))
+    with pytest.raises(zx.ZeroCopyError, match="method 'forward': nothing reads the write of buffer 'k_cache'"):
+        zx.export(program, engine="tensorrt")
+
+
+def test_callers_to_out_var_pass_still_runs():
+    calls = []
+    base = ExecutorchBackendConfig()
+    inner = base.to_out_var_pass
+
+    def counting(graph_module):
+        calls.append(graph_module)
+        return inner(graph_module)
+
+    base.to_out_var_pass = counting
+    manager = zx.export(_decoder_program(), engine="tensorrt", backend_config=base)
+    assert len(calls) == 1
+    _assert_caches_zero_copy(manager)
+
+
+def test_prefill_and_decode_methods_are_both_zero_copy():
+    model = tm.TinyDecoder(tm.arange_plus_offset)
+    programs = {
+        "prefill": tm.export_decoder(model, 4, torch.tensor([0])),
+        "decode": tm.export_decoder(model, 1, torch.tensor([4])),
+    }
+    manager = zx.export(programs, engine="tensorrt")
+    for method in programs:
+        _assert_caches_zero_copy(manager, method)
+    zx.check_zero_copy_kv(manager)
+
+
+def test_save_writes_a_checked_program(tmp_path):
+    manager = zx.export(_decoder_program(), engine="tensorrt")
+    path = tmp_path / "decode.pte"
+    zx.save(manager, str(path))
+    assert path.read_bytes() == manager.buffer
