@@ -21,7 +21,12 @@ mkdir -p "$BUILD/obj" "$BUILD/gen/cc/blob" "$BUILD/py" "$LOGS"
 
 echo "== ExecuTorch C++ SDK from the wheel"
 WHEEL=$(ls "$ROOT"/.whl/executorch-1.5.1-*.whl | head -1)
-unzip -q -o "$WHEEL" 'executorch/include/*' 'executorch/lib/libexecutorch.so' -d "$BUILD/et"
+"$PYTHON" - "$WHEEL" "$BUILD/et" <<'UNPACK'
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+wheel.extractall(sys.argv[2], [n for n in wheel.namelist()
+                               if n.startswith("executorch/include/") or n == "executorch/lib/libexecutorch.so"])
+UNPACK
 ET=$BUILD/et/executorch
 TORCH=$("$PYTHON" -c "import os, torch; print(os.path.dirname(torch.__file__))")
 ABI=$("$PYTHON" -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
