@@ -138,10 +138,13 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
     return Refuse(ErrorCode::kElisionWithoutAliases, "header.aliased_outputs_elided", "set, but aliased_io is empty");
   }
 
-  std::unordered_set<std::string> runtime_owned;
+  std::unordered_set<std::string> runtime_owned, storage_keys;
   for (size_t i = 0; i < metadata.kv_layers.size(); ++i) {
     const KVLayer& layer = metadata.kv_layers[i];
     const std::string field = "metadata.kv_layers[" + std::to_string(i) + "]";
+    if (!storage_keys.insert(layer.storage_key).second) {
+      return Refuse(ErrorCode::kBadKvManifest, field + ".storage_key", Quote(layer.storage_key) + " names another layer too");
+    }
     const std::pair<const char*, const std::string*> roles[] = {{"k_binding", &layer.k_binding},
                                                                 {"v_binding", &layer.v_binding}};
     for (const auto& [role, name] : roles) {

@@ -136,7 +136,7 @@ TEST(BlobTest, DelegateSignatureDropsElidedAndRuntimeOwnedBindings) {
   DelegateSignature threaded = ComputeDelegateSignature(blob.metadata, false);
   EXPECT_EQ(threaded.outputs, (std::vector<size_t>{3, 4, 5}));
 
-  blob.metadata.kv_layers = {KVLayer{"k_cache", "v_cache", DType::kFloat32, 2, 16, KVPolicy::kFlat, 0, 8, 64}};
+  blob.metadata.kv_layers = {KVLayer{"k_cache", "v_cache", "layers.0", DType::kFloat32, 2, 16, KVPolicy::kFlat, 0, 8, 64}};
   DelegateSignature runtime_owned = ComputeDelegateSignature(blob.metadata, false);
   EXPECT_EQ(runtime_owned.inputs, (std::vector<size_t>{0}));
   EXPECT_EQ(runtime_owned.outputs, (std::vector<size_t>{3}));

@@ -398,7 +398,7 @@ TEST_F(DelegateTest, BindingMismatchIsRefused) {
 
 TEST_F(DelegateTest, RuntimeOwnedKvLayersAreNotSupported) {
   blob::Blob blob = DecodeBlob(false);
-  blob.metadata.kv_layers.push_back(blob::KVLayer{"k_cache", "k_cache", DType::kFloat32, 2, 4,
+  blob.metadata.kv_layers.push_back(blob::KVLayer{"k_cache", "k_cache", "layers.0", DType::kFloat32, 2, 4,
                                                   blob::KVPolicy::kFlat, 0, 8, 8});
   Status status = Create(blob, DecodeEngine(blob, ComputeDevice::kCuda));
   EXPECT_EQ(status.code(), Error::NotSupported);

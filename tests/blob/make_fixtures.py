@@ -75,8 +75,8 @@ def runtime_kv_blob():
     blob.aliased_outputs_elided = False
     blob.metadata.bindings += [_cache("k_ring", Direction.INPUT, 16), _cache("v_ring", Direction.INPUT, 16)]
     blob.metadata.kv_layers = [
-        KVLayer("k_cache", "v_cache", DType.FLOAT32, 2, 16, KVPolicy.FLAT, 0, 8, 64),
-        KVLayer("k_ring", "v_ring", DType.FLOAT32, 2, 16, KVPolicy.RING, 16, 16, 16),
+        KVLayer("k_cache", "v_cache", "layers.0", DType.FLOAT32, 2, 16, KVPolicy.FLAT, 0, 8, 64),
+        KVLayer("k_ring", "v_ring", "layers.1", DType.FLOAT32, 2, 16, KVPolicy.RING, 16, 16, 16),
     ]
     blob.metadata.step_width_source = "0:1"
     return blob
@@ -197,6 +197,7 @@ def cases():
     yield "kv_ring_without_window", "BAD_KV_MANIFEST", edited(runtime_kv_blob, kv_layer(1, window=0))
     yield "kv_capacity_above_max", "BAD_KV_MANIFEST", edited(runtime_kv_blob, kv_layer(0, initial_capacity=128))
     yield "kv_binding_twice", "BAD_KV_MANIFEST", edited(runtime_kv_blob, kv_layer(1, k_binding="k_cache"))
+    yield "kv_storage_key_twice", "BAD_KV_MANIFEST", edited(runtime_kv_blob, kv_layer(1, storage_key="layers.0"))
     yield "step_width_malformed", "BAD_STEP_WIDTH_SOURCE", edited(runtime_kv_blob, metadata(step_width_source="0-1"))
     yield "step_width_bad_input", "BAD_STEP_WIDTH_SOURCE", edited(runtime_kv_blob, metadata(step_width_source="5:0"))
     yield "step_width_bad_dim", "BAD_STEP_WIDTH_SOURCE", edited(runtime_kv_blob, metadata(step_width_source="0:2"))

@@ -138,9 +138,12 @@ def _validate_metadata(metadata, aliased_outputs_elided):
     if aliased_outputs_elided and not metadata.aliased_io:
         _fail(ErrorCode.ELISION_WITHOUT_ALIASES, "header.aliased_outputs_elided", "set, but aliased_io is empty")
 
-    runtime_owned = set()
+    runtime_owned, storage_keys = set(), set()
     for i, layer in enumerate(metadata.kv_layers):
         field = f"metadata.kv_layers[{i}]"
+        if layer.storage_key in storage_keys:
+            _fail(ErrorCode.BAD_KV_MANIFEST, f"{field}.storage_key", f"'{layer.storage_key}' names another layer too")
+        storage_keys.add(layer.storage_key)
         for role in ("k_binding", "v_binding"):
             name = getattr(layer, role)
             binding = bindings.get(name)

@@ -21,7 +21,7 @@ from torch._decomp import core_aten_decompositions
 
 from zerokv.executorch.backend import ZeroCopyError, is_zerokv_delegate, parsed_blob
 from zerokv.executorch.engines import PRESERVED_OPS, engine_named
-from zerokv.executorch.partitioner import ZeroKVPartitioner
+from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -50,6 +50,7 @@ def export(
     backend_config: ExecutorchBackendConfig | None = None,
     compile_config: EdgeCompileConfig | None = None,
     engine_options: dict | None = None,
+    other_partitioners=(),
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
 
@@ -61,7 +62,9 @@ def export(
         ExecuTorch's copy-back. False gives plain ExecuTorch behaviour.
       backend_config: the caller's ExecutorchBackendConfig; its memory planning and its own
         to_out_var_pass keep working (zero-copy composes onto it).
-      engine_options: for "tensorrt", e.g. {"profiles": [...]}.
+      engine_options: for "tensorrt" {"profiles": [...]}; for "aoti" {"compile_device": "cpu"|"cuda"}.
+      other_partitioners: other backends' partitioners, applied to what zerokv's engine leaves. Their
+        delegates are never un-staged: only zerokv's engines promise in-place writes.
 
     Returns:
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
@@ -82,7 +85,11 @@ def export(
                 logger.warning("zerokv: method '%s' keeps the copy-back of buffer '%s': %s", method, buffer, reason)
         prepared[method] = program
     partitioners = {
-        method: [ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options)] for method in prepared
+        method: [
+            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options),
+            *(KeepingZeroKVOps(other) for other in other_partitioners),
+        ]
+        for method in prepared
     }
     edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
     if zero_copy_kv:

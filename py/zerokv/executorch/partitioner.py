@@ -78,3 +78,28 @@ class ZeroKVPartitioner(Partitioner):
             tags[tag] = self.delegation_spec
         tag_constant_data(exported_program)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+class KeepingZeroKVOps(Partitioner):
+    """Another backend's partitioner that leaves zerokv's preserved ops whole.
+
+    ExecuTorch decomposes once per partitioner, with that partitioner's own exceptions; without this
+    a later partitioner would decompose index_copy, and zerokv's engine would no longer see the
+    KV write it aliases.
+    """
+
+    def __init__(self, inner: Partitioner):
+        super().__init__()
+        self.inner = inner
+        self.delegation_spec = inner.delegation_spec
+
+    def ops_to_not_decompose(self, ep):
+        ops, check = self.inner.ops_to_not_decompose(ep)
+
+        def keep(node):
+            return node.target in PRESERVED_OPS or check is None or check(node)
+
+        return list(ops) + [op for op in PRESERVED_OPS if op not in ops], keep
+
+    def partition(self, exported_program) -> PartitionResult:
+        return self.inner.partition(exported_program)

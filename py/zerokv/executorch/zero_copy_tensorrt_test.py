@@ -190,3 +190,77 @@ def test_save_writes_a_checked_program(tmp_path):
     path = tmp_path / "decode.pte"
     zx.save(manager, str(path))
     assert path.read_bytes() == manager.buffer
+
+
+class DecoderThenClampThenProjection(torch.nn.Module):
+    """Clamp has no TensorRT converter, so the method holds a zerokv delegate with the caches, an
+    XNNPACK delegate for the clamp, and a second zerokv delegate (the projection) with no cache."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = tm.TinyDecoder(tm.arange_plus_offset)
+        self.projection = torch.nn.Linear(tm.VOCAB, tm.VOCAB)
+
+    def forward(self, input_ids, offset):
+        return self.projection(torch.clamp(self.decoder(input_ids, offset), -1.0, 1.0))
+
+
+def test_only_the_delegate_that_writes_the_caches_is_aliased_beside_another_backend():
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    with torch.no_grad():
+        program = torch.export.export(DecoderThenClampThenProjection().eval(), (torch.tensor([[1]]), torch.tensor([0])))
+    manager = zx.export(program, engine="tensorrt", other_partitioners=[XnnpackPartitioner()])
+    graph_module = manager.exported_program().graph_module
+    backends = [lowered.backend_id for _, lowered in delegate_nodes(graph_module)]
+    assert backends.count(zx.BACKEND_ID) == 2 and "XnnpackBackend" in backends, backends
+    aliased, plain = sorted(_zero_copy_delegates(manager), key=lambda d: not d[1].aliased_outputs_elided)
+    assert len(aliased[1].metadata.aliased_io) == 2
+    assert not plain[1].aliased_outputs_elided and not plain[1].metadata.aliased_io
+    # The projection's input is staged as usual: only promised in-place writes are un-staged.
+    assert all(arg.target is H2D for arg in plain[0].args[1:])
+    _assert_caches_zero_copy(manager, caches=("decoder.layer.k_cache", "decoder.layer.v_cache"))
+
+
+class _ReadCacheOnHost:
+    """A caller pass that makes a host op read the cache, as another backend's staging would."""
+
+    def __call__(self, graph_module):
+        from torch.fx.passes.infra.pass_base import PassResult
+
+        graph = graph_module.graph
+        cache = next(n for n in graph.find_nodes(op="placeholder") if n.name == "b_layer_k_cache")
+        output = graph.output_node()
+        *state, logits = output.args[0]
+        with graph.inserting_before(output):
+            total = graph.call_function(torch.ops.aten.sum.default, (cache,))
+            logits = graph.call_function(torch.ops.aten.add.Tensor, (logits, total))
+        logits.meta["val"] = output.args[0][-1].meta["val"]
+        output.args = ((*state, logits),)
+        graph_module.recompile()
+        return PassResult(graph_module, True)
+
+
+def test_a_cache_that_something_else_still_reads_is_refused():
+    config = ExecutorchBackendConfig(passes=[_ReadCacheOnHost()])
+    with pytest.raises(zx.ZeroCopyError, match=r"method 'forward': buffer 'layer\.k_cache' moves to device memory.*still reads it"):
+        zx.export(_decoder_program(), engine="tensorrt", backend_config=config)
+
+
+@pytest.mark.parametrize("tamper,message", [
+    (lambda build: build.aliased_io.pop(), "does not write .* in place"),
+    (lambda build: build.aliased_io.append(blob.AliasedIO("offset_out", "offset", blob.AliasKind.USER)),
+     "partial elision"),
+])
+def test_engine_aliasing_that_disagrees_with_the_promise_is_refused(monkeypatch, tamper, message):
+    from zerokv.executorch import backend, engines
+
+    class TamperedEngine(engines.TensorRTEngine):
+        def build(self, program, aliased_inputs, device):
+            build = super().build(program, aliased_inputs, device)
+            tamper(build)
+            return build
+
+    monkeypatch.setattr(backend, "engine_named", lambda name, **options: TamperedEngine(**options))
+    with pytest.raises(zx.ZeroCopyError, match=message):
+        zx.export(_decoder_program(), engine="tensorrt")
