@@ -133,10 +133,19 @@ def _rewrite_in_place(module: torch.nn.Module, aliased_outputs: Mapping[int, str
                 f"output {index} is not an index_copy/index_put of input {input_name!r}: writing it in place "
                 "would need a cache-sized copy inside the engine"
             )
-        if any(user is not output_node for user in producer.users):
-            raise ValueError(f"output {index} (the updated {input_name!r}) is also read inside the graph")
+        # Reads of the *updated* value stay correct in place; a read of the original input placed
+        # after the write would see the update instead, so that is refused.
+        order = {node: position for position, node in enumerate(graph.nodes)}
+        late_reads = [user for user in placeholders[input_name].users if user is not producer and order[user] > order[producer]]
+        if late_reads:
+            raise ValueError(
+                f"input {input_name!r} is read by {late_reads[0].name} after output {index} updates it: "
+                "in place, that read would see the update"
+            )
         producer.target = _IN_PLACE[kind]
     output_node.args = (tuple(o for i, o in enumerate(outputs) if i not in aliased_outputs),)
+    # The module's pytree signature named the dropped outputs: go back to flat inputs and a tuple.
+    graph.set_codegen(torch.fx.graph.CodeGen())
     graph.lint()
     module.recompile()
     return module
