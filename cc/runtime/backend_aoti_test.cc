@@ -16,6 +16,7 @@
 #include "cc/runtime/backend.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
+#include "cc/runtime/testing/host_cuda_allocator.h"
 
 namespace zerokv::runtime {
 namespace {
@@ -97,6 +98,8 @@ TEST_F(BackendAotiTest, TwoDecodeStepsWriteTheCallersCacheInPlace) {
                               second.attention.value()}),
             Error::Ok);
   EXPECT_EQ(delegate->bound_address("k_cache_out"), caller_buffer);
+  // The binding trace (what tests through ExecuTorch's Method use) reports the same address.
+  EXPECT_EQ(testing::BoundAddress("k_cache_out"), caller_buffer);
   EXPECT_EQ(cache.data(), caller_buffer);
   // The second step read the first step's write: 2 * (1.5 + 0.25).
   for (int i = 0; i < 8; ++i) EXPECT_EQ(second.attention.data()[i], 3.5f) << i;

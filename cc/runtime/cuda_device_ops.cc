@@ -46,6 +46,18 @@ class CudaDeviceOps final : public DeviceOps {
   void Free(void* data) override {
     if (MakeCurrent().ok()) cudaFree(data);
   }
+  Status AllocateAsync(size_t bytes, StreamHandle stream, void** data) override {
+    ZEROKV_RETURN_IF_ERROR(MakeCurrent());
+    ZEROKV_CUDA_RETURN(
+        cudaMallocAsync(data, bytes == 0 ? 1 : bytes, static_cast<cudaStream_t>(stream)),
+        "cudaMallocAsync");
+    return Status::Ok();
+  }
+  Status FreeAsync(void* data, StreamHandle stream) override {
+    ZEROKV_RETURN_IF_ERROR(MakeCurrent());
+    ZEROKV_CUDA_RETURN(cudaFreeAsync(data, static_cast<cudaStream_t>(stream)), "cudaFreeAsync");
+    return Status::Ok();
+  }
   Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
               StreamHandle stream) override {
     if (bytes == 0) return Status::Ok();
@@ -53,6 +65,22 @@ class CudaDeviceOps final : public DeviceOps {
     ZEROKV_CUDA_RETURN(
         cudaMemcpyAsync(dst, src, bytes, ToCuda(kind), static_cast<cudaStream_t>(stream)),
         "cudaMemcpyAsync");
+    return Status::Ok();
+  }
+  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                size_t rows, CopyKind kind, StreamHandle stream) override {
+    if (row_bytes == 0 || rows == 0) return Status::Ok();
+    ZEROKV_RETURN_IF_ERROR(MakeCurrent());
+    ZEROKV_CUDA_RETURN(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, row_bytes, rows,
+                                         ToCuda(kind), static_cast<cudaStream_t>(stream)),
+                       "cudaMemcpy2DAsync");
+    return Status::Ok();
+  }
+  Status Zero(void* data, size_t bytes, StreamHandle stream) override {
+    if (bytes == 0) return Status::Ok();
+    ZEROKV_RETURN_IF_ERROR(MakeCurrent());
+    ZEROKV_CUDA_RETURN(cudaMemsetAsync(data, 0, bytes, static_cast<cudaStream_t>(stream)),
+                       "cudaMemsetAsync");
     return Status::Ok();
   }
   Status CreateStream(StreamHandle* stream) override {

@@ -8,6 +8,7 @@
 #include <executorch/runtime/core/exec_aten/exec_aten.h>
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 
+#include "cc/runtime/binding_trace.h"
 #include "cc/runtime/caller_stream.h"
 
 namespace zerokv::runtime {
@@ -359,6 +360,9 @@ Status Delegate::Execute(Span<EValue*> args) {
   }
 
   ZEROKV_RETURN_IF_ERROR(engine_->Enqueue(stream));
+  if (BindingTrace trace = GetBindingTrace()) {
+    for (const Binding& binding : bindings_) trace(binding.spec.name.c_str(), binding.bound);
+  }
 
   for (size_t i = 0; i < bindings_.size(); ++i) {
     Binding& binding = bindings_[i];

@@ -27,10 +27,22 @@ class DeviceOps {
   virtual Status Allocate(size_t bytes, void** data) = 0;
   virtual void Free(void* data) = 0;
 
+  // Stream-ordered memory (the runtime-owned KV caches, which grow while work is in flight): the
+  // allocation is usable by work enqueued on `stream` from now on, and FreeAsync releases `data`
+  // only when `stream` reaches it, i.e. after every earlier use on that stream (cudaMallocAsync /
+  // cudaFreeAsync). Other streams must be ordered after `stream` (an event) before using it.
+  virtual Status AllocateAsync(size_t bytes, StreamHandle stream, void** data) = 0;
+  virtual Status FreeAsync(void* data, StreamHandle stream) = 0;
+
   // Enqueues a copy on `stream`. A host source or destination must stay valid until the stream
   // reaches the copy (host-to-device from pageable memory is safe once this returns).
   virtual Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
                       StreamHandle stream) = 0;
+  // Enqueues a copy of `rows` rows of `row_bytes` each, `src_pitch` and `dst_pitch` bytes apart.
+  virtual Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                        size_t row_bytes, size_t rows, CopyKind kind, StreamHandle stream) = 0;
+  // Enqueues setting `bytes` bytes at `data` (device memory) to zero.
+  virtual Status Zero(void* data, size_t bytes, StreamHandle stream) = 0;
 
   virtual Status CreateStream(StreamHandle* stream) = 0;
   virtual void DestroyStream(StreamHandle stream) = 0;
@@ -53,8 +65,18 @@ class HostDeviceOps final : public DeviceOps {
  public:
   Status Allocate(size_t bytes, void** data) override;
   void Free(void* data) override;
+  Status AllocateAsync(size_t bytes, StreamHandle, void** data) override {
+    return Allocate(bytes, data);
+  }
+  Status FreeAsync(void* data, StreamHandle) override {
+    Free(data);
+    return Status::Ok();
+  }
   Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
               StreamHandle stream) override;
+  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                size_t rows, CopyKind kind, StreamHandle stream) override;
+  Status Zero(void* data, size_t bytes, StreamHandle stream) override;
   Status CreateStream(StreamHandle* stream) override;
   void DestroyStream(StreamHandle) override {}
   Status CreateEvent(EventHandle* event) override;

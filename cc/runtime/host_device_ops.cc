@@ -23,6 +23,20 @@ Status HostDeviceOps::Copy(void* dst, const void* src, size_t bytes, CopyKind, S
   return Status::Ok();
 }
 
+Status HostDeviceOps::Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                             size_t row_bytes, size_t rows, CopyKind, StreamHandle) {
+  for (size_t row = 0; row < rows; ++row) {
+    std::memcpy(static_cast<char*>(dst) + row * dst_pitch,
+                static_cast<const char*>(src) + row * src_pitch, row_bytes);
+  }
+  return Status::Ok();
+}
+
+Status HostDeviceOps::Zero(void* data, size_t bytes, StreamHandle) {
+  if (bytes != 0) std::memset(data, 0, bytes);
+  return Status::Ok();
+}
+
 Status HostDeviceOps::CreateStream(StreamHandle* stream) {
   *stream = nullptr;
   return Status::Ok();

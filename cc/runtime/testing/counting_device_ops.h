@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "cc/runtime/device_ops.h"
@@ -29,6 +30,7 @@ class CountingDeviceOps final : public DeviceOps {
     int streams_created = 0;
     int streams_destroyed = 0;
     int allocations_live = 0;
+    int fail_async_allocations = 0;  // the next this many AllocateAsync calls fail
     std::set<const void*> device_memory;  // what IsDeviceMemory accepts besides allocations
   };
 
@@ -45,10 +47,36 @@ class CountingDeviceOps final : public DeviceOps {
     --record_->allocations_live;
     std::free(data);
   }
+  Status AllocateAsync(size_t bytes, StreamHandle, void** data) override {
+    if (record_->fail_async_allocations > 0) {
+      --record_->fail_async_allocations;
+      return Status(executorch::runtime::Error::MemoryAllocationFailed,
+                    "counting device: scripted allocation failure of " + std::to_string(bytes) +
+                        " bytes");
+    }
+    return Allocate(bytes, data);
+  }
+  Status FreeAsync(void* data, StreamHandle) override {
+    Free(data);
+    return Status::Ok();
+  }
   Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
               StreamHandle stream) override {
     record_->copies.push_back({kind, bytes, stream});
     std::memcpy(dst, src, bytes);
+    return Status::Ok();
+  }
+  Status Copy2D(void* dst, size_t dst_pitch, const void* src, size_t src_pitch, size_t row_bytes,
+                size_t rows, CopyKind kind, StreamHandle stream) override {
+    record_->copies.push_back({kind, row_bytes * rows, stream});
+    for (size_t row = 0; row < rows; ++row) {
+      std::memcpy(static_cast<char*>(dst) + row * dst_pitch,
+                  static_cast<const char*>(src) + row * src_pitch, row_bytes);
+    }
+    return Status::Ok();
+  }
+  Status Zero(void* data, size_t bytes, StreamHandle) override {
+    std::memset(data, 0, bytes);
     return Status::Ok();
   }
   Status CreateStream(StreamHandle* stream) override {

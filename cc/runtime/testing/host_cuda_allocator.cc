@@ -8,11 +8,14 @@
 // no cache-sized copy happened.
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <executorch/runtime/core/device_allocator.h>
 
+#include "cc/runtime/binding_trace.h"
 #include "cc/runtime/testing/host_cuda_allocator.h"
 
 namespace zerokv::runtime::testing {
@@ -33,6 +36,7 @@ struct Ledger {
   std::vector<Allocation> live;
   size_t host_to_device_bytes = 0;
   size_t device_to_host_bytes = 0;
+  std::map<std::string, const void*> bound;  // binding -> address at the last Execute
 };
 
 Ledger& TheLedger() {
@@ -78,9 +82,15 @@ class HostCudaAllocator final : public executorch::runtime::DeviceAllocator {
   DeviceType device_type() const override { return DeviceType::CUDA; }
 };
 
+void RecordBinding(const char* binding, const void* address) {
+  std::lock_guard<std::mutex> lock(TheLedger().mutex);
+  TheLedger().bound[binding] = address;
+}
+
 HostCudaAllocator allocator;
 const bool registered = [] {
   executorch::runtime::register_device_allocator(&allocator);
+  SetBindingTrace(RecordBinding);
   return true;
 }();
 
@@ -105,9 +115,19 @@ size_t DeviceToHostBytes() {
   return TheLedger().device_to_host_bytes;
 }
 
+const void* BoundAddress(const char* binding) {
+  std::lock_guard<std::mutex> lock(TheLedger().mutex);
+  auto found = TheLedger().bound.find(binding);
+  return found == TheLedger().bound.end() ? nullptr : found->second;
+}
+
 }  // namespace zerokv::runtime::testing
 
 extern "C" {
+// The address binding `binding` of the last executed zerokv delegate was bound to, or null.
+const void* zerokv_testing_bound_address(const char* binding) {
+  return zerokv::runtime::testing::BoundAddress(binding);
+}
 int zerokv_testing_in_device_planned_memory(const void* data) {
   return zerokv::runtime::testing::InDevicePlannedMemory(data) ? 1 : 0;
 }
