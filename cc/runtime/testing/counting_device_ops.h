@@ -30,7 +30,7 @@ class CountingDeviceOps final : public DeviceOps {
     int streams_created = 0;
     int streams_destroyed = 0;
     int allocations_live = 0;
-    int fail_async_allocations = 0;  // the next this many AllocateAsync calls fail
+    int fail_async_allocation_in = 0;  // n > 0: the n-th AllocateAsync from now fails
     std::set<const void*> device_memory;  // what IsDeviceMemory accepts besides allocations
   };
 
@@ -48,8 +48,7 @@ class CountingDeviceOps final : public DeviceOps {
     std::free(data);
   }
   Status AllocateAsync(size_t bytes, StreamHandle, void** data) override {
-    if (record_->fail_async_allocations > 0) {
-      --record_->fail_async_allocations;
+    if (record_->fail_async_allocation_in > 0 && --record_->fail_async_allocation_in == 0) {
       return Status(executorch::runtime::Error::MemoryAllocationFailed,
                     "counting device: scripted allocation failure of " + std::to_string(bytes) +
                         " bytes");

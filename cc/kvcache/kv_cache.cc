@@ -1,0 +1,230 @@
+#include "cc/kvcache/kv_cache.h"
+
+#include <algorithm>
+#include <limits>
+#include <utility>
+
+namespace zerokv::kvcache {
+
+using runtime::CopyKind;
+using runtime::InvalidArgument;
+using runtime::InvalidProgram;
+
+bool KVCacheConfig::operator==(const KVCacheConfig& other) const {
+  return dtype == other.dtype && batch == other.batch && heads == other.heads &&
+         head_dim == other.head_dim && policy == other.policy && window == other.window &&
+         initial_capacity == other.initial_capacity && max_capacity == other.max_capacity &&
+         device == other.device && device_id == other.device_id;
+}
+
+std::string KVCacheConfig::ToString() const {
+  return std::string(blob::ToString(dtype)) + " [" + std::to_string(batch) + ", " +
+         std::to_string(heads) + ", positions, " + std::to_string(head_dim) + "] " +
+         (policy == blob::KVPolicy::kRing ? "ring window " + std::to_string(window)
+                                          : std::string("flat")) +
+         " capacity " + std::to_string(initial_capacity) + ".." + std::to_string(max_capacity) +
+         " on " + (device == engines::ComputeDevice::kCuda ? "cuda:" + std::to_string(device_id)
+                                                           : std::string("host"));
+}
+
+Status ValidateConfig(const KVCacheConfig& config) {
+  if (config.batch == 0 || config.heads == 0 || config.head_dim == 0) {
+    return InvalidProgram("KV cache " + config.ToString() +
+                          ": batch, heads and head_dim must be positive");
+  }
+  if (config.policy == blob::KVPolicy::kRing) {
+    if (config.window == 0) {
+      return InvalidProgram("KV cache " + config.ToString() + ": a ring cache needs a window");
+    }
+    return Status::Ok();
+  }
+  if (config.initial_capacity == 0 || config.initial_capacity > config.max_capacity) {
+    return InvalidProgram("KV cache " + config.ToString() +
+                          ": needs 0 < initial_capacity <= max_capacity");
+  }
+  return Status::Ok();
+}
+
+Status PlanCapacity(const KVCacheConfig& config, uint64_t capacity, uint64_t length, uint64_t step,
+                    uint64_t* planned) {
+  if (config.policy == blob::KVPolicy::kRing) {
+    if (step > config.window) {
+      return InvalidArgument("a step of " + std::to_string(step) +
+                             " tokens is wider than the ring cache's window of " +
+                             std::to_string(config.window) +
+                             ": it would overwrite its own positions");
+    }
+    *planned = config.window;
+    return Status::Ok();
+  }
+  if (step > std::numeric_limits<uint64_t>::max() - length ||
+      length + step > config.max_capacity) {
+    return InvalidArgument("a step of " + std::to_string(step) + " tokens after " +
+                           std::to_string(length) + " would exceed the KV cache's max_capacity of " +
+                           std::to_string(config.max_capacity) + " positions");
+  }
+  const uint64_t needed = length + step;
+  uint64_t grown = capacity == 0 ? config.initial_capacity : capacity;
+  while (grown < needed) {
+    grown = grown > config.max_capacity / 2 ? config.max_capacity : grown * 2;
+  }
+  *planned = grown;
+  return Status::Ok();
+}
+
+uint64_t CommittedLength(const KVCacheConfig& config, uint64_t length, uint64_t step) {
+  if (config.policy == blob::KVPolicy::kRing) return std::min(length + step, config.window);
+  return length + step;
+}
+
+KVCache::KVCache(const KVCacheConfig& config, std::shared_ptr<DeviceOps> ops)
+    : config_(config), ops_(std::move(ops)) {}
+
+Status KVCache::Create(const KVCacheConfig& config, std::shared_ptr<DeviceOps> ops,
+                       std::unique_ptr<KVCache>* cache) {
+  ZEROKV_RETURN_IF_ERROR(ValidateConfig(config));
+  std::unique_ptr<KVCache> created(new KVCache(config, std::move(ops)));
+  ZEROKV_RETURN_IF_ERROR(created->ops_->CreateEvent(&created->last_use_));
+  *cache = std::move(created);
+  return Status::Ok();
+}
+
+KVCache::~KVCache() {
+  if (used_) {
+    Status drained = ops_->SynchronizeEvent(last_use_);
+    (void)drained;  // Nobody to report to; the storage must be released either way.
+  }
+  // Ordered after the last use by the synchronization above.
+  for (void* storage : {k_, v_}) {
+    if (storage) (void)ops_->FreeAsync(storage, nullptr);
+  }
+  if (last_use_) ops_->DestroyEvent(last_use_);
+}
+
+size_t KVCache::position_bytes() const {
+  return static_cast<size_t>(config_.batch * config_.heads * config_.head_dim) *
+         engines::ElementSize(config_.dtype);
+}
+
+size_t KVCache::row_bytes(uint64_t capacity) const {
+  return static_cast<size_t>(capacity * config_.head_dim) * engines::ElementSize(config_.dtype);
+}
+
+Status KVCache::CheckStep(uint64_t step) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t planned = 0;
+  return PlanCapacity(config_, capacity_, length_, step, &planned);
+}
+
+Status KVCache::Prepare(uint64_t step, StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  uint64_t planned = 0;
+  ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, length_, step, &planned));
+  if (used_) ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, last_use_));
+  if (zero_pending_) {
+    const size_t bytes = position_bytes() * static_cast<size_t>(capacity_);
+    ZEROKV_RETURN_IF_ERROR(ops_->Zero(k_, bytes, stream));
+    ZEROKV_RETURN_IF_ERROR(ops_->Zero(v_, bytes, stream));
+    zero_pending_ = false;
+  }
+  if (planned != capacity_) ZEROKV_RETURN_IF_ERROR(Reallocate(planned, stream));
+  return Status::Ok();
+}
+
+// Allocates and zeroes K and V at `capacity`, copies the old contents into their first positions
+// (one pitched copy: a row per (batch, head)), and only then swaps them in and frees the old
+// storage on the same stream. Any failure before the swap releases the new storage instead.
+Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
+  const size_t bytes = position_bytes() * static_cast<size_t>(capacity);
+  const size_t rows = static_cast<size_t>(config_.batch * config_.heads);
+  void* grown[2] = {nullptr, nullptr};
+  void* const old[2] = {k_, v_};
+  auto attempt = [&]() -> Status {
+    for (int i = 0; i < 2; ++i) {
+      Status allocated = ops_->AllocateAsync(bytes, stream, &grown[i]);
+      if (!allocated.ok()) {
+        grown[i] = nullptr;
+        return Status(allocated.code(), "growing a KV cache to " + std::to_string(capacity) +
+                                            " positions (" + std::to_string(bytes) +
+                                            " bytes each for K and V): " + allocated.message());
+      }
+      ZEROKV_RETURN_IF_ERROR(ops_->Zero(grown[i], bytes, stream));
+      if (old[i] == nullptr) continue;
+      ZEROKV_RETURN_IF_ERROR(ops_->Copy2D(grown[i], row_bytes(capacity), old[i],
+                                          row_bytes(capacity_), row_bytes(capacity_), rows,
+                                          CopyKind::kDeviceToDevice, stream));
+    }
+    return Status::Ok();
+  };
+  Status status = attempt();
+  if (!status.ok()) {
+    for (void* storage : grown) {
+      if (storage) (void)ops_->FreeAsync(storage, stream);
+    }
+    return status;
+  }
+  if (k_ != nullptr) {
+    ++growths_;
+    bytes_moved_ += 2 * position_bytes() * static_cast<size_t>(capacity_);
+  }
+  k_ = grown[0];
+  v_ = grown[1];
+  capacity_ = capacity;
+  for (void* storage : old) {
+    if (storage) ZEROKV_RETURN_IF_ERROR(ops_->FreeAsync(storage, stream));
+  }
+  return Status::Ok();
+}
+
+Status KVCache::MarkUsed(StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(last_use_, stream));
+  used_ = true;
+  return Status::Ok();
+}
+
+void KVCache::Commit(uint64_t step) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  length_ = CommittedLength(config_, length_, step);
+}
+
+void KVCache::Reset() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  length_ = 0;
+  zero_pending_ = k_ != nullptr;
+}
+
+void* KVCache::k() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return k_;
+}
+
+void* KVCache::v() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return v_;
+}
+
+std::vector<int64_t> KVCache::shape() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return {static_cast<int64_t>(config_.batch), static_cast<int64_t>(config_.heads),
+          static_cast<int64_t>(capacity_), static_cast<int64_t>(config_.head_dim)};
+}
+
+size_t KVCache::bytes_per_tensor() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return position_bytes() * static_cast<size_t>(capacity_);
+}
+
+KVCacheMetrics KVCache::metrics() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  KVCacheMetrics metrics;
+  metrics.bytes_reserved = 2 * position_bytes() * capacity_;
+  metrics.bytes_in_use = 2 * position_bytes() * length_;
+  metrics.growths = growths_;
+  metrics.bytes_moved = bytes_moved_;
+  metrics.length = length_;
+  metrics.capacity = capacity_;
+  return metrics;
+}
+
+}  // namespace zerokv::kvcache

@@ -1,0 +1,157 @@
+// KVCache: one layer's runtime-owned K and V storage, each laid out [batch, heads, capacity,
+// head_dim], in device memory (CUDA) or host memory through one allocator interface (DeviceOps).
+//
+// The delegate drives it around every engine run:
+//
+//   ZEROKV_RETURN_IF_ERROR(cache.CheckStep(step));    // every cache, before anything is touched
+//   ZEROKV_RETURN_IF_ERROR(cache.Prepare(step, stream));
+//   ...bind cache.k() / cache.v() at cache.shape(), enqueue the engine on `stream`...
+//   cache.MarkUsed(stream);                           // whether the run succeeded or not
+//   if (run_ok) cache.Commit(step);                   // only a successful run advances the length
+//
+// Positions: the model writes a step's tokens at [length, length + step) itself (flat), or at those
+// positions modulo the window (ring); the cache only guarantees that they exist and counts them.
+//
+// Flat caches grow geometrically: when length + step exceeds the capacity, the capacity doubles
+// (as often as needed, capped at max_capacity) and the old contents are copied into the new
+// storage on the step's stream, the old storage released only after that copy (stream-ordered
+// allocation, DeviceOps::AllocateAsync / FreeAsync). Beyond max_capacity a step is refused.
+// Ring caches hold `window` positions from the start and never grow; their length saturates at
+// the window, and a step wider than the window is refused.
+//
+// Storage is allocated on the first Prepare (on the stream that first uses it) and zeroed there:
+// masked positions still enter attention as 0 * value, and uninitialized memory may hold NaN.
+//
+// Streams: the cache may be used from several streams (the prefill and decode delegates of one
+// program share it). Prepare orders its stream after the cache's last recorded use (an event, no
+// host block); MarkUsed records that use.
+//
+// Thread safety: every method locks the cache; a step (Prepare .. Commit) is not atomic, so steps of
+// the same cache must not run concurrently (ExecuTorch runs a program's methods one at a time).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cc/blob/blob.h"
+#include "cc/engines/engine.h"
+#include "cc/runtime/device_ops.h"
+#include "cc/runtime/status.h"
+
+namespace zerokv::kvcache {
+
+using runtime::DeviceOps;
+using runtime::EventHandle;
+using runtime::Status;
+using runtime::StreamHandle;
+
+struct KVCacheConfig {
+  blob::DType dtype = blob::DType::kBfloat16;
+  uint64_t batch = 1;
+  uint64_t heads = 0;
+  uint64_t head_dim = 0;
+  blob::KVPolicy policy = blob::KVPolicy::kFlat;
+  uint64_t window = 0;            // ring only: the positions kept
+  uint64_t initial_capacity = 0;  // flat only: positions allocated by the first step (at least)
+  uint64_t max_capacity = 0;      // flat only: positions a step may never exceed
+  // Where the storage lives; caches shared by several delegates must agree on it.
+  engines::ComputeDevice device = engines::ComputeDevice::kHost;
+  int device_id = 0;
+
+  bool operator==(const KVCacheConfig& other) const;
+  bool operator!=(const KVCacheConfig& other) const { return !(*this == other); }
+  std::string ToString() const;
+};
+
+// Checks that a config describes a cache this manager can hold (positive sizes, ordered
+// capacities, a ring with a window), naming the field at fault.
+Status ValidateConfig(const KVCacheConfig& config);
+
+// The capacity (positions) that holds `length + step` positions, starting from `capacity`: flat
+// caches double (capped at max_capacity), ring caches keep their window. Refuses a flat step past
+// max_capacity and a ring step wider than the window. `capacity` 0 means "not allocated yet" and
+// starts from initial_capacity (flat) or window (ring).
+Status PlanCapacity(const KVCacheConfig& config, uint64_t capacity, uint64_t length, uint64_t step,
+                    uint64_t* planned);
+
+// The length after committing `step` tokens: length + step, saturated at the window for a ring.
+uint64_t CommittedLength(const KVCacheConfig& config, uint64_t length, uint64_t step);
+
+// Memory accounting over K and V together.
+struct KVCacheMetrics {
+  uint64_t bytes_reserved = 0;  // storage allocated now
+  uint64_t bytes_in_use = 0;    // committed positions
+  uint64_t growths = 0;         // reallocations that preserved contents
+  uint64_t bytes_moved = 0;     // bytes those reallocations copied
+  uint64_t length = 0;          // committed positions
+  uint64_t capacity = 0;        // allocated positions (0 before the first step)
+};
+
+class KVCache {
+ public:
+  // `ops` allocates and copies on config.device; it is shared with the delegate that created the
+  // cache and outlives both. Allocates nothing yet.
+  static Status Create(const KVCacheConfig& config, std::shared_ptr<DeviceOps> ops,
+                       std::unique_ptr<KVCache>* cache);
+
+  // Waits for the last recorded use, then releases the storage.
+  ~KVCache();
+
+  KVCache(const KVCache&) = delete;
+  KVCache& operator=(const KVCache&) = delete;
+
+  // Whether a step of `step` tokens fits (PlanCapacity); touches nothing.
+  Status CheckStep(uint64_t step) const;
+
+  // Makes room for `step` more tokens, on `stream`: orders it after the last use, allocates or
+  // grows the storage, zeroes it after a Reset. The length does not change. On failure the old
+  // storage, its contents and the length are intact.
+  Status Prepare(uint64_t step, StreamHandle stream);
+
+  // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
+  Status MarkUsed(StreamHandle stream);
+
+  // Advances the length by `step` (a successful run wrote those positions).
+  void Commit(uint64_t step);
+
+  // Forgets every committed position; the storage is kept and zeroed by the next Prepare.
+  void Reset();
+
+  // The storage for the next run (valid from Prepare until the next Prepare).
+  void* k() const;
+  void* v() const;
+  // [batch, heads, capacity, head_dim]: what the engine binding is bound at.
+  std::vector<int64_t> shape() const;
+  // Bytes of one of K and V.
+  size_t bytes_per_tensor() const;
+
+  KVCacheMetrics metrics() const;
+  const KVCacheConfig& config() const { return config_; }
+
+ private:
+  KVCache(const KVCacheConfig& config, std::shared_ptr<DeviceOps> ops);
+
+  // Bytes of one position of one of K and V, over batch and heads.
+  size_t position_bytes() const;
+  size_t row_bytes(uint64_t capacity) const;  // one (batch, head) row at `capacity` positions
+  Status Reallocate(uint64_t capacity, StreamHandle stream);
+
+  const KVCacheConfig config_;
+  const std::shared_ptr<DeviceOps> ops_;
+  mutable std::mutex mutex_;
+  void* k_ = nullptr;
+  void* v_ = nullptr;
+  uint64_t capacity_ = 0;
+  uint64_t length_ = 0;
+  bool zero_pending_ = false;
+  EventHandle last_use_ = nullptr;
+  bool used_ = false;  // last_use_ has been recorded
+  uint64_t growths_ = 0;
+  uint64_t bytes_moved_ = 0;
+};
+
+}  // namespace zerokv::kvcache

@@ -1,0 +1,312 @@
+// KVCache and KVCacheRegistry on a counting stand-in for the device: capacity arithmetic, growth
+// that keeps the contents (and what it copied), ring windows, failure paths, reset, sharing, C API.
+#include "cc/kvcache/kv_cache.h"
+
+#include <memory>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "cc/kvcache/c_api.h"
+#include "cc/kvcache/registry.h"
+#include "cc/runtime/testing/counting_device_ops.h"
+
+namespace zerokv::kvcache {
+namespace {
+
+using executorch::runtime::Error;
+using runtime::CopyKind;
+using runtime::testing::CountingDeviceOps;
+
+KVCacheConfig Flat(uint64_t initial, uint64_t max) {
+  KVCacheConfig config;
+  config.dtype = blob::DType::kFloat32;
+  config.batch = 1;
+  config.heads = 2;
+  config.head_dim = 4;
+  config.initial_capacity = initial;
+  config.max_capacity = max;
+  return config;
+}
+
+KVCacheConfig Ring(uint64_t window) {
+  KVCacheConfig config = Flat(1, window);
+  config.policy = blob::KVPolicy::kRing;
+  config.window = window;
+  return config;
+}
+
+uint64_t Planned(const KVCacheConfig& config, uint64_t capacity, uint64_t length, uint64_t step) {
+  uint64_t planned = 0;
+  Status status = PlanCapacity(config, capacity, length, step, &planned);
+  EXPECT_TRUE(status.ok()) << status.message();
+  return planned;
+}
+
+TEST(PlanCapacityTest, FlatDoublesAsOftenAsNeededCappedAtMax) {
+  const KVCacheConfig config = Flat(4, 40);
+  EXPECT_EQ(Planned(config, 0, 0, 1), 4u);    // first step: the initial capacity
+  EXPECT_EQ(Planned(config, 0, 0, 9), 16u);   // a wide first step starts larger, no copy
+  EXPECT_EQ(Planned(config, 4, 3, 1), 4u);    // fits exactly
+  EXPECT_EQ(Planned(config, 4, 4, 1), 8u);    // one doubling
+  EXPECT_EQ(Planned(config, 4, 4, 13), 32u);  // 17 positions: two doublings
+  EXPECT_EQ(Planned(config, 32, 32, 1), 40u);  // capped at max
+  EXPECT_EQ(Planned(config, 32, 39, 1), 40u);
+}
+
+TEST(PlanCapacityTest, FlatPastMaxIsRefused) {
+  uint64_t planned = 7;
+  Status status = PlanCapacity(Flat(4, 40), 40, 40, 1, &planned);
+  EXPECT_EQ(status.code(), Error::InvalidArgument);
+  EXPECT_NE(status.message().find("max_capacity of 40"), std::string::npos) << status.message();
+  EXPECT_EQ(planned, 7u);
+  EXPECT_FALSE(PlanCapacity(Flat(4, 40), 0, 0, 41, &planned).ok());
+  EXPECT_FALSE(PlanCapacity(Flat(4, 40), 4, ~uint64_t{0}, 2, &planned).ok());  // overflow
+}
+
+TEST(PlanCapacityTest, RingKeepsItsWindowAndRefusesWiderSteps) {
+  const KVCacheConfig config = Ring(8);
+  EXPECT_EQ(Planned(config, 0, 0, 8), 8u);
+  EXPECT_EQ(Planned(config, 8, 8, 3), 8u);  // length saturates; positions wrap in the model
+  uint64_t planned = 0;
+  Status status = PlanCapacity(config, 8, 0, 9, &planned);
+  EXPECT_EQ(status.code(), Error::InvalidArgument);
+  EXPECT_NE(status.message().find("window of 8"), std::string::npos) << status.message();
+}
+
+TEST(CommittedLengthTest, FlatAddsRingSaturates) {
+  EXPECT_EQ(CommittedLength(Flat(4, 40), 5, 3), 8u);
+  EXPECT_EQ(CommittedLength(Ring(8), 5, 2), 7u);
+  EXPECT_EQ(CommittedLength(Ring(8), 7, 3), 8u);
+}
+
+TEST(ValidateConfigTest, RefusesImpossibleConfigs) {
+  KVCacheConfig ring_without_window = Ring(8);
+  ring_without_window.window = 0;
+  EXPECT_NE(ValidateConfig(ring_without_window).message().find("needs a window"),
+            std::string::npos);
+  EXPECT_FALSE(ValidateConfig(Flat(0, 8)).ok());
+  EXPECT_FALSE(ValidateConfig(Flat(16, 8)).ok());
+  KVCacheConfig no_heads = Flat(4, 8);
+  no_heads.heads = 0;
+  EXPECT_FALSE(ValidateConfig(no_heads).ok());
+  EXPECT_EQ(KVCacheConfig().dtype, blob::DType::kBfloat16);  // the storage default
+}
+
+class KVCacheTest : public ::testing::Test {
+ protected:
+  std::unique_ptr<KVCache> Make(const KVCacheConfig& config) {
+    std::unique_ptr<KVCache> cache;
+    Status status = KVCache::Create(config, std::make_shared<CountingDeviceOps>(&record_), &cache);
+    EXPECT_TRUE(status.ok()) << status.message();
+    return cache;
+  }
+
+  // Writes `value` at `position` of every (batch, head) row of K and -value in V, as a model would.
+  static void Write(KVCache& cache, uint64_t position, float value) {
+    const std::vector<int64_t> shape = cache.shape();
+    for (int64_t row = 0; row < shape[0] * shape[1]; ++row) {
+      for (int64_t d = 0; d < shape[3]; ++d) {
+        const int64_t at = (row * shape[2] + static_cast<int64_t>(position)) * shape[3] + d;
+        static_cast<float*>(cache.k())[at] = value;
+        static_cast<float*>(cache.v())[at] = -value;
+      }
+    }
+  }
+  static float At(const KVCache& cache, const void* data, int64_t row, uint64_t position) {
+    const std::vector<int64_t> shape = cache.shape();
+    return static_cast<const float*>(data)[(row * shape[2] + static_cast<int64_t>(position)) *
+                                           shape[3]];
+  }
+
+  // Prepare, write `step` positions from the current length, mark, commit.
+  void Step(KVCache& cache, uint64_t step, StreamHandle stream = nullptr) {
+    ASSERT_TRUE(cache.CheckStep(step).ok());
+    Status prepared = cache.Prepare(step, stream);
+    ASSERT_TRUE(prepared.ok()) << prepared.message();
+    const uint64_t length = cache.metrics().length;
+    for (uint64_t i = 0; i < step; ++i) Write(cache, length + i, static_cast<float>(length + i + 1));
+    ASSERT_TRUE(cache.MarkUsed(stream).ok());
+    cache.Commit(step);
+  }
+
+  CountingDeviceOps::Record record_;
+};
+
+TEST_F(KVCacheTest, AllocatesZeroedStorageOnTheFirstStep) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  EXPECT_EQ(cache->k(), nullptr);
+  EXPECT_EQ(cache->metrics().bytes_reserved, 0u);
+  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
+  EXPECT_EQ(cache->shape(), (std::vector<int64_t>{1, 2, 4, 4}));
+  EXPECT_EQ(cache->bytes_per_tensor(), 2u * 4 * 4 * sizeof(float));
+  for (int i = 0; i < 2 * 4 * 4; ++i) {
+    EXPECT_EQ(static_cast<float*>(cache->k())[i], 0.0f);
+    EXPECT_EQ(static_cast<float*>(cache->v())[i], 0.0f);
+  }
+  EXPECT_EQ(cache->metrics().growths, 0u);  // the first allocation moves nothing
+  EXPECT_TRUE(record_.copies.empty());
+}
+
+TEST_F(KVCacheTest, GrowthDoublesKeepsContentsAndCountsBytesMoved) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  StreamHandle stream = &record_;  // any non-null handle: the "stream" the copies go to
+  for (int token = 0; token < 20; ++token) Step(*cache, 1, stream);
+  const KVCacheMetrics metrics = cache->metrics();
+  EXPECT_EQ(metrics.capacity, 32u);  // 4 -> 8 -> 16 -> 32
+  EXPECT_EQ(metrics.growths, 3u);
+  EXPECT_EQ(metrics.length, 20u);
+  const uint64_t position_bytes = 2 * 4 * sizeof(float);  // heads * head_dim, one of K and V
+  EXPECT_EQ(metrics.bytes_moved, 2 * position_bytes * (4 + 8 + 16));
+  EXPECT_EQ(metrics.bytes_reserved, 2 * position_bytes * 32);
+  EXPECT_EQ(metrics.bytes_in_use, 2 * position_bytes * 20);
+  // One pitched copy per tensor per growth, of exactly the old contents, on the step's stream.
+  ASSERT_EQ(record_.copies.size(), 6u);
+  for (const CountingDeviceOps::Copied& copy : record_.copies) {
+    EXPECT_EQ(copy.kind, CopyKind::kDeviceToDevice);
+    EXPECT_EQ(copy.stream, stream);
+  }
+  // Every row still holds every committed position, and the rest is zero.
+  for (int64_t row = 0; row < 2; ++row) {
+    for (uint64_t position = 0; position < 32; ++position) {
+      const float expected = position < 20 ? static_cast<float>(position + 1) : 0.0f;
+      EXPECT_EQ(At(*cache, cache->k(), row, position), expected) << row << " " << position;
+      EXPECT_EQ(At(*cache, cache->v(), row, position), -expected) << row << " " << position;
+    }
+  }
+  // Old storage was released: K and V plus the event-free counting ops hold two allocations.
+  EXPECT_EQ(record_.allocations_live, 2);
+}
+
+TEST_F(KVCacheTest, PrepareOrdersTheStreamAfterTheLastUse) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 1);
+  EXPECT_EQ(record_.stream_waits, 0);  // nothing to wait for on the first use
+  EXPECT_EQ(record_.events_recorded, 1);
+  Step(*cache, 1);
+  EXPECT_EQ(record_.stream_waits, 1);
+  EXPECT_EQ(record_.events_recorded, 2);
+}
+
+TEST_F(KVCacheTest, FailedGrowthLeavesStorageContentsAndLengthIntact) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  for (int token = 0; token < 4; ++token) Step(*cache, 1);
+  void* const k = cache->k();
+  void* const v = cache->v();
+  const int live = record_.allocations_live;
+  for (int failing : {1, 2}) {  // K's allocation fails; V's fails after K's succeeded
+    record_.fail_async_allocation_in = failing;
+    Status status = cache->Prepare(1, nullptr);
+    EXPECT_EQ(status.code(), Error::MemoryAllocationFailed);
+    EXPECT_NE(status.message().find("growing a KV cache to 8 positions"), std::string::npos)
+        << status.message();
+  }
+  EXPECT_EQ(cache->k(), k);
+  EXPECT_EQ(cache->v(), v);
+  EXPECT_EQ(cache->metrics().length, 4u);
+  EXPECT_EQ(cache->metrics().capacity, 4u);
+  EXPECT_EQ(cache->metrics().growths, 0u);
+  EXPECT_EQ(record_.allocations_live, live);
+  EXPECT_EQ(At(*cache, cache->k(), 1, 3), 4.0f);
+  // The next attempt grows normally.
+  Step(*cache, 1);
+  EXPECT_EQ(cache->metrics().capacity, 8u);
+  EXPECT_EQ(At(*cache, cache->k(), 1, 3), 4.0f);
+}
+
+TEST_F(KVCacheTest, RefusedStepChangesNothing) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 8));
+  Step(*cache, 8);
+  void* const k = cache->k();
+  EXPECT_EQ(cache->CheckStep(1).code(), Error::InvalidArgument);
+  EXPECT_EQ(cache->Prepare(1, nullptr).code(), Error::InvalidArgument);
+  EXPECT_EQ(cache->k(), k);
+  EXPECT_EQ(cache->metrics().length, 8u);
+}
+
+TEST_F(KVCacheTest, RingHoldsItsWindowAndSaturates) {
+  std::unique_ptr<KVCache> cache = Make(Ring(6));
+  for (int token = 0; token < 5; ++token) {
+    ASSERT_TRUE(cache->Prepare(2, nullptr).ok());
+    cache->Commit(2);
+  }
+  const KVCacheMetrics metrics = cache->metrics();
+  EXPECT_EQ(metrics.capacity, 6u);
+  EXPECT_EQ(metrics.length, 6u);
+  EXPECT_EQ(metrics.growths, 0u);
+  EXPECT_EQ(metrics.bytes_moved, 0u);
+  EXPECT_EQ(cache->CheckStep(7).code(), Error::InvalidArgument);
+}
+
+TEST_F(KVCacheTest, ResetForgetsPositionsAndZeroesOnTheNextStep) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  for (int token = 0; token < 6; ++token) Step(*cache, 1);
+  cache->Reset();
+  KVCacheMetrics metrics = cache->metrics();
+  EXPECT_EQ(metrics.length, 0u);
+  EXPECT_EQ(metrics.bytes_in_use, 0u);
+  EXPECT_EQ(metrics.capacity, 8u);  // the storage is kept
+  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
+  for (uint64_t position = 0; position < 8; ++position) {
+    EXPECT_EQ(At(*cache, cache->k(), 0, position), 0.0f);
+    EXPECT_EQ(At(*cache, cache->v(), 1, position), 0.0f);
+  }
+}
+
+TEST_F(KVCacheTest, Bfloat16StorageBytes) {
+  KVCacheConfig config = Flat(4, 64);
+  config.dtype = blob::DType::kBfloat16;
+  std::unique_ptr<KVCache> cache = Make(config);
+  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
+  EXPECT_EQ(cache->metrics().bytes_reserved, 2u * 1 * 2 * 4 * 4 * 2);
+}
+
+TEST_F(KVCacheTest, ReleasesStorageAtDestruction) {
+  {
+    std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+    Step(*cache, 5);
+    EXPECT_EQ(record_.allocations_live, 2);
+  }
+  EXPECT_EQ(record_.allocations_live, 0);
+  EXPECT_EQ(record_.synchronizations, 1);  // drained its last use first
+}
+
+TEST_F(KVCacheTest, RegistrySharesByKeyAndRefusesAnotherLayout) {
+  KVCacheRegistry& registry = KVCacheRegistry::Global();
+  auto ops = std::make_shared<CountingDeviceOps>(&record_);
+  std::shared_ptr<KVCache> prefill, decode, other;
+  ASSERT_TRUE(registry.Acquire("registry_test.layers.0", Flat(4, 64), ops, &prefill).ok());
+  ASSERT_TRUE(registry.Acquire("registry_test.layers.0", Flat(4, 64), ops, &decode).ok());
+  EXPECT_EQ(prefill, decode);
+  Status mismatch = registry.Acquire("registry_test.layers.0", Flat(8, 64), ops, &other);
+  EXPECT_EQ(mismatch.code(), Error::InvalidProgram);
+  EXPECT_NE(mismatch.message().find("registry_test.layers.0"), std::string::npos);
+  EXPECT_EQ(other, nullptr);
+  ASSERT_TRUE(registry.Acquire("registry_test.layers.1", Flat(4, 64), ops, &other).ok());
+  EXPECT_NE(other, prefill);
+
+  // The C API reads and resets what the delegates hold.
+  Step(*prefill, 5);
+  ZeroKVCacheMetrics metrics{};
+  ASSERT_EQ(zerokv_kv_metrics("registry_test.layers.0", &metrics), 0);
+  EXPECT_EQ(metrics.length, 5u);
+  EXPECT_EQ(metrics.growths, 0u);  // a first step of 5 allocates 8 positions at once
+  EXPECT_EQ(metrics.capacity, 8u);
+  Step(*other, 2);
+  ASSERT_EQ(zerokv_kv_metrics_sum("registry_test.", &metrics), 2);
+  EXPECT_EQ(metrics.length, 7u);
+  EXPECT_EQ(zerokv_kv_reset("registry_test.layers.0"), 0);
+  EXPECT_EQ(decode->metrics().length, 0u);
+  EXPECT_EQ(zerokv_kv_reset_prefix("registry_test."), 2);
+  EXPECT_EQ(zerokv_kv_metrics("registry_test.nothing", &metrics), -1);
+
+  // Released with its last holder.
+  prefill.reset();
+  EXPECT_NE(registry.Find("registry_test.layers.0"), nullptr);
+  decode.reset();
+  EXPECT_EQ(registry.Find("registry_test.layers.0"), nullptr);
+  EXPECT_EQ(zerokv_kv_reset("registry_test.layers.0"), -1);
+}
+
+}  // namespace
+}  // namespace zerokv::kvcache
