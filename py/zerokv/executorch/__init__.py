@@ -3,11 +3,15 @@
 from zerokv.executorch.api import export, save
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, ZeroKVBackend
 from zerokv.executorch.partitioner import BACKEND_ID, ZeroKVPartitioner
+from zerokv.executorch.runtime_kv import KVCacheLayer, RuntimeKV, RuntimeKVError
 from zerokv.executorch.zero_copy import check_zero_copy_kv
 
 __all__ = [
     "ALIASED_BUFFER",
     "BACKEND_ID",
+    "KVCacheLayer",
+    "RuntimeKV",
+    "RuntimeKVError",
     "ZeroCopyError",
     "ZeroKVBackend",
     "ZeroKVPartitioner",

@@ -19,9 +19,10 @@ import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 from torch._decomp import core_aten_decompositions
 
-from zerokv.executorch.backend import ZeroCopyError, is_zerokv_delegate, parsed_blob
+from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
 from zerokv.executorch.engines import PRESERVED_OPS, engine_named
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
+from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -51,6 +52,7 @@ def export(
     compile_config: EdgeCompileConfig | None = None,
     engine_options: dict | None = None,
     other_partitioners=(),
+    runtime_kv: RuntimeKV | None = None,
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
 
@@ -65,6 +67,8 @@ def export(
       engine_options: for "tensorrt" {"profiles": [...]}; for "aoti" {"compile_device": "cpu"|"cuda"}.
       other_partitioners: other backends' partitioners, applied to what zerokv's engine leaves. Their
         delegates are never un-staged: only zerokv's engines promise in-place writes.
+      runtime_kv: caches the zerokv runtime owns (allocates, grows, binds); they leave the methods'
+        inputs and are never serialized. See runtime_kv.py.
 
     Returns:
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
@@ -77,8 +81,11 @@ def export(
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}
+    storage_keys = runtime_kv.storage_keys() if runtime_kv else {}
     for method, program in programs.items():
         program = program.run_decompositions(_decompositions())
+        if runtime_kv:
+            mark_runtime_kv(program, runtime_kv, storage_keys, method)
         if zero_copy_kv:
             declined[method] = repoint_aliased_buffer_mutations(program, adapter, method)
             for buffer, reason in declined[method].items():
@@ -86,19 +93,23 @@ def export(
         prepared[method] = program
     partitioners = {
         method: [
-            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options),
+            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program)),
             *(KeepingZeroKVOps(other) for other in other_partitioners),
         ]
-        for method in prepared
+        for method, program in prepared.items()
     }
     edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
-    if zero_copy_kv:
-        for method in prepared:
+    for method in prepared:
+        detach_runtime_kv_inputs(edge.exported_program(method), method)
+        if zero_copy_kv:
             verify_lowered_method(edge.exported_program(method).graph_module, method)
 
     base = backend_config or ExecutorchBackendConfig()
-    if not zero_copy_kv:
+    repointed = any(ALIASED_BUFFER in node.meta for program in prepared.values()
+                    for node in program.graph.find_nodes(op="placeholder"))
+    if not zero_copy_kv or (runtime_kv and not repointed):
         return edge.to_executorch(base)
+    _refuse_shared_device_buffers(base)
     config = dataclasses.replace(base)
     config.to_out_var_pass = UnstageAliasedBuffers(config, base.to_out_var_pass)
     manager = edge.to_executorch(config)
@@ -109,6 +120,24 @@ def export(
             raise ZeroCopyError(f"{error}; declined: {declined}") from None
         raise
     return manager
+
+
+def _marks(program):
+    return {
+        node.name: {key: node.meta[key] for key in (ALIASED_BUFFER, RUNTIME_KV) if key in node.meta}
+        for node in program.graph.find_nodes(op="placeholder")
+    }
+
+
+def _refuse_shared_device_buffers(config):
+    planners = config.memory_planning_pass
+    planners = planners.values() if isinstance(planners, dict) else [planners]
+    if any(getattr(planner, "share_mutable_buffers", False) for planner in planners):
+        raise ZeroCopyError(
+            "share_mutable_buffers cannot share zero-copy KV caches across methods: ExecuTorch 1.5.1 shares "
+            "mutable buffers only in host memory (mem_id 1), and the engines write the caches in device "
+            "memory. Declare the caches runtime-owned (zerokv.executorch.export(..., runtime_kv=...)) to "
+            "share their storage between methods")
 
 
 def _has_zero_copy_delegate(manager) -> bool:

@@ -15,6 +15,7 @@ from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.engine_program import engine_program
 from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named
+from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
 ALIASED_BUFFER = "zerokv_aliased_buffer"
@@ -45,15 +46,23 @@ class ZeroKVBackend(BackendDetails):
         placeholders = {node.name: node for node in edge_program.graph.find_nodes(op="placeholder")}
         promised = {name: placeholders[name].meta[ALIASED_BUFFER] for name in user_inputs
                     if ALIASED_BUFFER in placeholders[name].meta}
+        runtime_owned = [placeholders[name] for name in user_inputs if RUNTIME_KV in placeholders[name].meta]
+        arguments = [name for name in user_inputs if RUNTIME_KV not in placeholders[name].meta]
         if promised and not zero_copy_kv:
             raise ZeroCopyError(f"{delegate}: caches {sorted(promised.values())} were repointed for zero-copy, "
                                 "but the delegate was not partitioned with zero_copy_kv")
         _refuse_cache_value_outputs(edge_program, promised, delegate)
 
         engine = engine_named(engine_name, **engine_options_from_specs(engine_name, compile_specs))
-        build = engine.build(engine_program(edge_program, promised, delegate), promised, device)
+        in_place = [*promised, *(node.name for node in runtime_owned)]
+        build = engine.build(engine_program(edge_program, in_place, delegate), in_place, device)
 
         aliased_inputs = {alias.input for alias in build.aliased_io}
+        missing_runtime = {node.name for node in runtime_owned} - aliased_inputs
+        if missing_runtime:
+            raise ZeroCopyError(f"{delegate}: the engine does not write the runtime-owned caches "
+                                f"{sorted(missing_runtime)} in place")
+        aliased_inputs -= {node.name for node in runtime_owned}
         lost = set(promised) - aliased_inputs
         if lost:
             raise ZeroCopyError(
@@ -65,16 +74,20 @@ class ZeroKVBackend(BackendDetails):
                 f"{delegate}: the engine aliases {sorted(unpromised)} whose outputs are still delegate outputs; "
                 "a partial elision cannot be expressed to the runtime")
 
-        elided = bool(build.aliased_io)
-        metadata = blob.Metadata(bindings=build.bindings, aliased_io=build.aliased_io, kv_layers=[],
-                                 step_width_source="")
+        elided = bool(promised)
+        metadata = blob.Metadata(
+            bindings=build.bindings,
+            aliased_io=build.aliased_io,
+            kv_layers=manifest_layers(runtime_owned, build.bindings, delegate),
+            step_width_source=step_width_source(runtime_owned, arguments, delegate),
+        )
         delegate_signature = blob.delegate_signature(metadata, elided)
         outputs = len(signature.user_outputs)
-        if (len(delegate_signature.inputs), len(delegate_signature.outputs)) != (len(user_inputs), outputs):
+        if (len(delegate_signature.inputs), len(delegate_signature.outputs)) != (len(arguments), outputs):
             raise ZeroCopyError(
                 f"{delegate}: the engine takes {len(delegate_signature.inputs)} inputs and gives "
                 f"{len(delegate_signature.outputs)} outputs as delegate arguments, but the delegate has "
-                f"{len(user_inputs)} inputs and {outputs} outputs")
+                f"{len(arguments)} inputs and {outputs} outputs")
         processed = blob.serialize(blob.Blob(
             engine_kind=engine.kind,
             device_id=device_index,

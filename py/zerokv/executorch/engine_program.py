@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.executorch.engines import EngineBuildError, aten_target, is_kv_write
+from zerokv.executorch.engines import EngineBuildError, aten_target, is_kv_write, value_readers
 
 _IN_PLACE = {
     torch.ops.aten.index_copy.default: torch.ops.aten.index_copy_.default,
@@ -44,7 +44,7 @@ def _rewrite_in_place(graph_module: fx.GraphModule, aliased_inputs, delegate: st
         if cache is None:
             raise EngineBuildError(f"{delegate}: aliased input '{name}' is not an input of the delegate")
         writes = [user for user in cache.users if is_kv_write(user) and user.args[0] is cache]
-        others = [user for user in cache.users if user not in writes and user.op != "output"]
+        others = [user for user in value_readers(cache) if user not in writes and user.op != "output"]
         if len(writes) != 1 or others:
             raise EngineBuildError(
                 f"{delegate}: cache input '{name}' must be written exactly once and read only through "

@@ -93,12 +93,18 @@ KV_WRITE_OPS = (
 _TENSORRT_KV_WRITES = (torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)
 
 
+def value_readers(node: fx.Node):
+    """The users of `node` that read its contents (not only its shape, which a write never changes)."""
+    return [user for user in node.users if not (user.op == "call_function" and aten_target(user) is _aten.sym_size.int)]
+
+
 def is_kv_write(node: fx.Node) -> bool:
     return node.op == "call_function" and aten_target(node) in KV_WRITE_OPS
 
 
 def _tensor_shape_supported(node: fx.Node) -> bool:
-    return node.target is operator.getitem or isinstance(node.meta.get("val"), (torch.Tensor, tuple, list, int))
+    return node.target is operator.getitem or isinstance(
+        node.meta.get("val"), (torch.Tensor, tuple, list, int, torch.SymInt))
 
 
 class AotiEngine:

@@ -45,12 +45,17 @@ class ZeroKVPartitioner(Partitioner):
       zero_copy_kv: whether the caller-owned caches this method writes in place are elided from the
         delegate's outputs (set by zerokv.export, which also repoints the buffer mutations).
       engine_options: passed to the engine adapter (e.g. TensorRT `profiles`).
+      placeholder_marks: {placeholder name: {meta key: value}} set on the method's placeholders
+        before tagging: how zerokv.export's marks (caches promised in-place writes, runtime-owned
+        caches) reach `preprocess`, since ExecuTorch's re-tracing drops user inputs' meta.
     """
 
-    def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None):
+    def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None,
+                 placeholder_marks=None):
         specs.parse_device(device)
         self.engine_name = engine
         self.engine = engine_named(engine, **(engine_options or {}))
+        self.placeholder_marks = placeholder_marks or {}
         self.delegation_spec = DelegationSpec(
             BACKEND_ID,
             [
@@ -67,6 +72,8 @@ class ZeroKVPartitioner(Partitioner):
 
     def partition(self, exported_program) -> PartitionResult:
         graph_module = exported_program.graph_module
+        for node in graph_module.graph.find_nodes(op="placeholder"):
+            node.meta.update(self.placeholder_marks.get(node.name, {}))
         partitions = CapabilityBasedPartitioner(
             graph_module, _EngineSupport(self.engine), allows_single_node_partition=True
         ).propose_partitions()

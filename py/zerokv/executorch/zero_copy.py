@@ -33,7 +33,7 @@ from torch.fx.passes.infra.pass_base import PassBase, PassResult
 from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import is_kv_write
+from zerokv.executorch.engines import is_kv_write, value_readers
 
 _H2D = torch.ops.et_copy._h2d_copy.default
 
@@ -84,7 +84,7 @@ def _alias_decline(write, cache, engine, program) -> str | None:
         return "its new value is not a KV write (index_copy, index_put, slice_scatter) of the buffer"
     if not engine.supports(write):
         return f"the engine does not run {write.target}"
-    if len(cache.users) != 1:
+    if value_readers(cache) != [write]:
         return "the buffer's old value is read besides its write, which an in-place write would change"
     return engine.alias_decline(write, program)
 

@@ -9,7 +9,12 @@ import torch
 
 from zerokv.tensorrt import testing_models as tm
 
-ctypes.CDLL(os.environ["ZEROKV_BACKEND_TESTING_SO"], os.RTLD_GLOBAL)
+TESTING = ctypes.CDLL(os.environ["ZEROKV_BACKEND_TESTING_SO"], os.RTLD_GLOBAL)
+TESTING.zerokv_testing_bound_address.restype = ctypes.c_void_p
+TESTING.zerokv_testing_bound_address.argtypes = [ctypes.c_char_p]
+TESTING.zerokv_testing_in_device_planned_memory.argtypes = [ctypes.c_void_p]
+TESTING.zerokv_testing_host_to_device_bytes.restype = ctypes.c_size_t
+TESTING.zerokv_testing_device_to_host_bytes.restype = ctypes.c_size_t
 from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
 
 PROGRAMS = {"zero_copy": os.environ["ZERO_COPY_PTE"], "staged": os.environ["STAGED_PTE"]}
@@ -43,3 +48,27 @@ def test_a_lost_write_would_be_caught():
     method = _method("zero_copy")
     (alone,) = method.execute([STEPS[-1], torch.tensor([len(STEPS) - 1])])
     assert not torch.allclose(alone, _eager_steps(STEPS)[-1], rtol=1e-4, atol=1e-4)
+
+
+CACHE_BYTES = tm.HEADS * tm.MAX_SEQ * tm.HEAD_DIM * 4  # one float32 [1, heads, positions, head_dim] cache
+
+
+def _copied_bytes(method, position):
+    before = TESTING.zerokv_testing_host_to_device_bytes() + TESTING.zerokv_testing_device_to_host_bytes()
+    method.execute([STEPS[position], torch.tensor([position])])
+    return TESTING.zerokv_testing_host_to_device_bytes() + TESTING.zerokv_testing_device_to_host_bytes() - before
+
+
+def test_zero_copy_step_copies_no_cache_while_staged_copies_each_cache_twice():
+    zero_copy, staged = _copied_bytes(_method("zero_copy"), 0), _copied_bytes(_method("staged"), 0)
+    assert zero_copy < CACHE_BYTES, f"zero-copy step moved {zero_copy} bytes"
+    assert staged >= 4 * CACHE_BYTES, f"staged step moved only {staged} bytes"  # k and v, in and out
+
+
+def test_the_engine_writes_through_the_device_planned_cache():
+    method = _method("zero_copy")
+    method.execute([STEPS[0], torch.tensor([0])])
+    for cache in ("b_layer_k_cache", "b_layer_v_cache"):
+        written = TESTING.zerokv_testing_bound_address(f"{cache}_out".encode())
+        assert written and written == TESTING.zerokv_testing_bound_address(cache.encode())
+        assert TESTING.zerokv_testing_in_device_planned_memory(written) == 1, f"{cache} is not in the planned arena"

@@ -1,0 +1,224 @@
+"""Runtime-owned KV caches: storage the zerokv runtime allocates, grows and binds, never the .pte.
+
+The model takes its caches as inputs it writes in place (`k_cache.index_copy_(2, positions, k)`),
+with a dynamic positions axis (dim 2) up to the maximum capacity. `export(..., runtime_kv=RuntimeKV(
+...))` then:
+  1. before partitioning, marks those inputs (RUNTIME_KV on the placeholder) and drops their
+     mutation outputs: the engine writes the runtime's storage in place, nothing is returned;
+  2. in `preprocess`, records them in the blob's KV manifest (not as delegate arguments), with the
+     step width source that tells the runtime how many tokens a step writes;
+  3. after lowering, removes them from the method's inputs, so that no caller passes them and no
+     storage for them is planned or serialized.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import uuid
+
+import torch
+from torch.export.graph_signature import InputKind, OutputKind
+from torch.utils import _pytree as pytree
+
+from zerokv import blob
+from zerokv.executorch.engines import is_kv_write, value_readers
+
+# Node meta key on a runtime-owned cache input: its RuntimeKVBinding.
+RUNTIME_KV = "zerokv_runtime_kv"
+POSITIONS_DIM = 2
+
+
+class RuntimeKVError(ValueError):
+    """A runtime_kv declaration does not fit the program; the message names the input and method."""
+
+
+@dataclasses.dataclass(frozen=True)
+class KVCacheLayer:
+    """One layer's runtime-owned K and V caches, named by the method inputs that hold them."""
+
+    k_input: str
+    v_input: str
+    max_capacity: int
+    initial_capacity: int = 16
+    policy: str = "flat"  # "flat" (grows by doubling up to max_capacity) or "ring"
+    window: int = 0  # ring only: the positions kept
+
+    def __post_init__(self):
+        if self.policy not in ("flat", "ring"):
+            raise RuntimeKVError(f"layer {self.k_input}/{self.v_input}: policy {self.policy!r} is not 'flat' or 'ring'")
+        if self.policy == "ring" and self.window <= 0:
+            raise RuntimeKVError(f"layer {self.k_input}/{self.v_input}: a ring cache needs a window")
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeKV:
+    """The runtime-owned caches of a program, and where the runtime reads a step's width.
+
+    step_width: (method input name, dim) whose extent is the number of tokens a step writes, e.g.
+    ("tokens", 1). The runtime reads that extent (shape metadata only) before each execute.
+    """
+
+    layers: tuple
+    step_width: tuple
+
+    def storage_keys(self):
+        """Keys shared by every method of one export, and by no other export."""
+        nonce = uuid.uuid4().hex[:12]
+        return {layer: f"{nonce}/{layer.k_input}+{layer.v_input}" for layer in self.layers}
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeKVBinding:
+    """What a marked placeholder carries into `preprocess`."""
+
+    role: str  # "k" or "v"
+    layer: KVCacheLayer
+    storage_key: str
+    step_width: tuple
+
+
+def mark_runtime_kv(program, runtime_kv: RuntimeKV, storage_keys, method: str):
+    """Marks the cache inputs of `program` (functional, before partitioning) and drops their
+    mutation outputs."""
+    signature = program.graph_signature
+    placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
+    user_inputs = {spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT}
+    if runtime_kv.step_width[0] not in user_inputs:
+        raise RuntimeKVError(f"method '{method}': step width input '{runtime_kv.step_width[0]}' is not an input")
+    mutated = {spec.target: index for index, spec in enumerate(signature.output_specs)
+               if spec.kind == OutputKind.USER_INPUT_MUTATION}
+    output_node = program.graph.output_node()
+    values = list(output_node.args[0])
+    dropped = set()
+    for layer in runtime_kv.layers:
+        for role, name in (("k", layer.k_input), ("v", layer.v_input)):
+            if name not in user_inputs:
+                raise RuntimeKVError(f"method '{method}': runtime KV cache '{name}' is not an input of the method")
+            if name not in mutated:
+                raise RuntimeKVError(f"method '{method}': runtime KV cache '{name}' is never written")
+            write = values[mutated[name]]
+            cache = placeholders[name]
+            if not is_kv_write(write) or write.args[0] is not cache or value_readers(cache) != [write]:
+                raise RuntimeKVError(
+                    f"method '{method}': runtime KV cache '{name}' must be written once by a KV write "
+                    "(index_copy, index_put, slice_scatter) and read only through it")
+            extent = cache.meta["val"].shape[POSITIONS_DIM]
+            if not isinstance(extent, torch.SymInt):
+                raise RuntimeKVError(
+                    f"method '{method}': runtime KV cache '{name}' has a static positions axis ({extent}); "
+                    "export it with a dynamic dim 2 up to max_capacity so the runtime can grow it")
+            cache.meta[RUNTIME_KV] = RuntimeKVBinding(role, layer, storage_keys[layer], runtime_kv.step_width)
+            dropped.add(mutated[name])
+    output_node.args = (tuple(v for i, v in enumerate(values) if i not in dropped),)
+    signature.output_specs[:] = [s for i, s in enumerate(signature.output_specs) if i not in dropped]
+    program.graph_module.recompile()
+
+
+def detach_runtime_kv_inputs(program, method: str):
+    """After lowering: removes the marked cache inputs from the method (the delegate binds them)."""
+    from zerokv.executorch.zero_copy import delegate_nodes
+
+    graph = program.graph
+    marked = [node for node in graph.find_nodes(op="placeholder") if RUNTIME_KV in node.meta]
+    if not marked:
+        return
+    for node, lowered in delegate_nodes(program.graph_module):
+        owned = [index for index, arg in enumerate(node.args[1:]) if arg in marked]
+        if owned:
+            _bind_inside(lowered.original_module, owned)
+            node.args = tuple(arg for arg in node.args if arg not in marked)
+    for cache in marked:
+        if cache.users:
+            raise RuntimeKVError(
+                f"method '{method}': runtime KV cache '{cache.name}' is read outside the delegate that owns it "
+                f"(by {', '.join(user.name for user in cache.users)})")
+        graph.erase_node(cache)
+    names = {cache.name for cache in marked}
+    signature = program.graph_signature
+    signature.input_specs[:] = [spec for spec in signature.input_specs
+                                if not (spec.kind == InputKind.USER_INPUT and spec.arg.name in names)]
+    remaining = sum(1 for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT)
+    call = program.module_call_graph[0].signature
+    call.inputs[:] = [arg for arg in call.inputs if getattr(arg, "name", None) not in names]
+    call.in_spec = pytree.tree_structure((tuple(range(remaining)), {}))
+    program.graph_module.recompile()
+
+
+def _bind_inside(delegate_program, positions):
+    """Makes the delegate's user inputs at `positions` buffers of its own program (zeros at their
+    example shapes): ExecuTorch runs that program for shape propagation with the arguments the
+    delegate now takes. The processed blob, not this program, is what runs; nothing here is saved."""
+    signature = delegate_program.graph_signature
+    user_specs = [spec for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
+    owned = [user_specs[position] for position in positions]
+    placeholders = {node.name: node for node in delegate_program.graph.find_nodes(op="placeholder")}
+    first_user_input = placeholders[user_specs[0].arg.name]
+    for spec in owned:
+        node = placeholders[spec.arg.name]
+        value = node.meta["val"]
+        shape = [int(extent.node.hint) if isinstance(extent, torch.SymInt) else int(extent) for extent in value.shape]
+        spec.kind = InputKind.BUFFER
+        spec.target = f"_zerokv_runtime_kv_{spec.arg.name}"
+        spec.persistent = True
+        delegate_program.state_dict[spec.target] = torch.zeros(shape, dtype=value.dtype)
+        if node is not first_user_input:
+            first_user_input.prepend(node)
+    signature.input_specs[:] = [s for s in signature.input_specs if s.kind != InputKind.USER_INPUT] + [
+        s for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
+    names = {spec.arg.name for spec in owned}
+    call = delegate_program.module_call_graph[0].signature
+    call.inputs[:] = [arg for arg in call.inputs if getattr(arg, "name", None) not in names]
+    call.in_spec = pytree.tree_structure((tuple(range(len(user_specs) - len(owned))), {}))
+    delegate_program.graph_module.recompile()
+
+
+def manifest_layers(placeholders, bindings, delegate: str):
+    """The blob's KV manifest for a delegate's marked inputs (binding names as the engine calls them)."""
+    by_name = {binding.name: binding for binding in bindings}
+    layers = {}
+    for node in placeholders:
+        marked = node.meta.get(RUNTIME_KV)
+        if marked is not None:
+            layers.setdefault(marked.storage_key, {})[marked.role] = (node.name, marked)
+    manifest = []
+    for storage_key, roles in layers.items():
+        if set(roles) != {"k", "v"}:
+            raise RuntimeKVError(f"{delegate}: layer {storage_key} has only its {sorted(roles)} cache in this delegate")
+        (k_name, marked), (v_name, _) = roles["k"], roles["v"]
+        k_binding = by_name[k_name]
+        layer = marked.layer
+        heads, head_dim = k_binding.shape[1].max, k_binding.shape[3].max
+        if layer.max_capacity > k_binding.shape[POSITIONS_DIM].max:
+            raise RuntimeKVError(
+                f"{delegate}: cache '{k_name}' was exported for at most {k_binding.shape[POSITIONS_DIM].max} "
+                f"positions, but max_capacity is {layer.max_capacity}")
+        window = layer.window if layer.policy == "ring" else 0
+        initial = layer.window if layer.policy == "ring" else layer.initial_capacity
+        if initial < k_binding.shape[POSITIONS_DIM].min:
+            raise RuntimeKVError(
+                f"{delegate}: cache '{k_name}' was exported for at least {k_binding.shape[POSITIONS_DIM].min} "
+                f"positions, but its initial capacity is {initial}")
+        manifest.append(blob.KVLayer(
+            k_binding=k_name,
+            v_binding=v_name,
+            storage_key=storage_key,
+            dtype=k_binding.dtype,
+            heads=heads,
+            head_dim=head_dim,
+            policy=blob.KVPolicy.RING if layer.policy == "ring" else blob.KVPolicy.FLAT,
+            window=window,
+            initial_capacity=initial,
+            max_capacity=layer.max_capacity,
+        ))
+    return manifest
+
+
+def step_width_source(marked_placeholders, argument_inputs, delegate: str) -> str:
+    """The blob's "input_index:dim", the index counted over the delegate's argument inputs."""
+    if not marked_placeholders:
+        return ""
+    input_name, dim = marked_placeholders[0].meta[RUNTIME_KV].step_width
+    if input_name not in argument_inputs:
+        raise RuntimeKVError(
+            f"{delegate}: the step width input '{input_name}' is not an input of the delegate that owns the caches")
+    return f"{argument_inputs.index(input_name)}:{dim}"

@@ -1,0 +1,49 @@
+"""A decoder step over caches passed in as inputs, for runtime-owned KV tests and examples.
+
+`CacheInputDecoder.forward(tokens, position, k_cache, v_cache)` writes this step's keys and values
+at positions [position, position + tokens) of the caches (in place) and attends over every cache
+position up to its own, so its result does not depend on the caches' capacity (dim 2) beyond that.
+"""
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+VOCAB, HIDDEN, HEADS, HEAD_DIM = 64, 32, 2, 16
+
+
+class CacheInputDecoder(nn.Module):
+    def __init__(self, seed: int = 0):
+        super().__init__()
+        generator = torch.Generator().manual_seed(seed)
+        self.embed = nn.Parameter(torch.randn(VOCAB, HIDDEN, generator=generator))
+        self.qkv = nn.Parameter(torch.randn(HIDDEN, 3 * HEADS * HEAD_DIM, generator=generator) / HIDDEN**0.5)
+        self.lm_head = nn.Parameter(torch.randn(HEADS * HEAD_DIM, VOCAB, generator=generator) / HIDDEN**0.5)
+
+    def forward(self, tokens, position, k_cache, v_cache):
+        steps = tokens.shape[1]
+        x = self.embed[tokens]
+        q, k, v = (x @ self.qkv).view(1, steps, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
+        positions = torch.arange(steps) + position
+        k_cache.index_copy_(2, positions, k)
+        v_cache.index_copy_(2, positions, v)
+        mask = torch.arange(k_cache.shape[2])[None, :] <= positions[:, None]
+        attention = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
+        return attention.transpose(1, 2).reshape(1, steps, HEADS * HEAD_DIM) @ self.lm_head
+
+
+def empty_caches(capacity: int):
+    return tuple(torch.zeros(1, HEADS, capacity, HEAD_DIM) for _ in range(2))
+
+
+def export_step(model: CacheInputDecoder, steps: int, max_capacity: int):
+    """The step for `steps` tokens, with a dynamic cache capacity up to max_capacity."""
+    capacity = torch.export.Dim("capacity", min=2, max=max_capacity)
+    k_cache, v_cache = empty_caches(max_capacity)
+    tokens = torch.zeros(1, steps, dtype=torch.long)
+    with torch.no_grad():
+        return torch.export.export(
+            model.eval(),
+            (tokens, torch.tensor(0), k_cache, v_cache),
+            dynamic_shapes=(None, None, {2: capacity}, {2: capacity}),
+        )
