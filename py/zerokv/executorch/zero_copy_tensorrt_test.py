@@ -264,3 +264,22 @@ def test_engine_aliasing_that_disagrees_with_the_promise_is_refused(monkeypatch,
     monkeypatch.setattr(backend, "engine_named", lambda name, **options: TamperedEngine(**options))
     with pytest.raises(zx.ZeroCopyError, match=message):
         zx.export(_decoder_program(), engine="tensorrt")
+
+
+def test_a_program_finalized_without_unstaging_is_refused_by_the_check():
+    # What zerokv.export never does: repoint the mutations, then finalize with ExecuTorch's plain
+    # config. The caches' copy-back is gone while the engine writes a staging copy.
+    from executorch.exir import to_edge_transform_and_lower
+
+    from zerokv.executorch import api
+    from zerokv.executorch.engines import engine_named
+    from zerokv.executorch.zero_copy import repoint_aliased_buffer_mutations
+
+    program = _decoder_program().run_decompositions(api._decompositions())
+    repoint_aliased_buffer_mutations(program, engine_named("tensorrt"), "forward")
+    partitioner = zx.ZeroKVPartitioner("tensorrt", "cuda:0", "forward", True, None, api._marks(program))
+    half_applied = to_edge_transform_and_lower(program, partitioner=[partitioner]).to_executorch(ExecutorchBackendConfig())
+    with pytest.raises(zx.ZeroCopyError, match=r"method 'forward': buffer 'layer\.[kv]_cache' is not a direct argument"):
+        zx.check_zero_copy_kv(half_applied)
+    with pytest.raises(zx.ZeroCopyError):
+        zx.save(half_applied, "/nonexistent/never-written.pte")
