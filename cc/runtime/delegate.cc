@@ -9,6 +9,7 @@
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 
 #include "cc/runtime/binding_trace.h"
+#include "cc/kvcache/registry.h"
 #include "cc/runtime/caller_stream.h"
 
 namespace zerokv::runtime {
@@ -80,20 +81,15 @@ struct Delegate::Plan {
   std::vector<Tensor*> tensors;  // the argument's tensor; nullptr for an elided output
   std::vector<bool> staged;
   bool needs_synchronize = false;
+  uint64_t step = 0;  // tokens this execute writes into the runtime-owned caches
 };
 
-Delegate::Delegate(std::unique_ptr<engines::Engine> engine, std::unique_ptr<DeviceOps> ops)
+Delegate::Delegate(std::unique_ptr<engines::Engine> engine, std::shared_ptr<DeviceOps> ops)
     : engine_(std::move(engine)), ops_(std::move(ops)) {}
 
 Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine> engine,
                         std::unique_ptr<DeviceOps> ops, std::unique_ptr<Delegate>* delegate) {
   const blob::Metadata& metadata = blob.metadata;
-  if (!metadata.kv_layers.empty()) {
-    return NotSupported("the blob records " + std::to_string(metadata.kv_layers.size()) +
-                        " runtime-owned KV layers (kv_layers); this runtime binds caller-owned "
-                        "caches only and would leave those bindings unbound");
-  }
-
   // The engine's bindings and the blob's must be the same set, with the same direction and dtype.
   std::unordered_map<std::string, const engines::EngineBinding*> engine_bindings;
   for (const engines::EngineBinding& binding : engine->bindings()) {
@@ -181,10 +177,12 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   size_t argument = 0;
   for (size_t index : created->signature_.inputs) created->bindings_[index].argument = argument++;
   for (size_t index : created->signature_.outputs) created->bindings_[index].argument = argument++;
+  ZEROKV_RETURN_IF_ERROR(created->AcquireCaches(blob, index_of));
   for (const Binding& binding : created->bindings_) {
-    if (!binding.argument && !binding.aliased_input) {
+    if (!binding.argument && !binding.aliased_input && !binding.cache) {
       return InvalidProgram("binding " + Quote(binding.spec.name) +
-                            " is neither a delegate argument nor an aliased output");
+                            " is neither a delegate argument, an aliased output nor a "
+                            "runtime-owned cache");
     }
   }
 
@@ -194,6 +192,72 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   }
   ZEROKV_RETURN_IF_ERROR(created->ops_->Allocate(256, &created->empty_tensor_address_));
   *delegate = std::move(created);
+  return Status::Ok();
+}
+
+// The parser has checked the manifest against the blob's bindings (inputs, dtype, rank 4 with the
+// layer's heads and head_dim, capacities, the step width source); what is left is what the
+// runtime binds: a static batch and a positions dim admitting every capacity the cache may take.
+Status Delegate::AcquireCaches(const blob::Blob& blob,
+                               const std::unordered_map<std::string, size_t>& index_of) {
+  const blob::Metadata& metadata = blob.metadata;
+  if (metadata.kv_layers.empty()) return Status::Ok();
+  const std::string& source = metadata.step_width_source;
+  const size_t colon = source.find(':');
+  const size_t step_input = std::stoul(source.substr(0, colon));
+  step_binding_ = signature_.inputs[step_input];
+  step_dim_ = std::stoul(source.substr(colon + 1));
+
+  for (const blob::KVLayer& layer : metadata.kv_layers) {
+    const bool ring = layer.policy == blob::KVPolicy::kRing;
+    // The capacities the storage can take: the window, or initial_capacity doubling up to max.
+    const int64_t least = static_cast<int64_t>(ring ? layer.window : layer.initial_capacity);
+    const int64_t most = static_cast<int64_t>(ring ? layer.window : layer.max_capacity);
+    kvcache::KVCacheConfig config;
+    config.dtype = layer.dtype;
+    config.heads = layer.heads;
+    config.head_dim = layer.head_dim;
+    config.policy = layer.policy;
+    config.window = layer.window;
+    config.initial_capacity = layer.initial_capacity;
+    config.max_capacity = layer.max_capacity;
+    config.device = engine_->compute_device();
+    config.device_id = blob.device_id;
+    std::optional<int64_t> batch;
+    for (const std::string* name : {&layer.k_binding, &layer.v_binding}) {
+      const blob::IOBinding& spec = bindings_[index_of.at(*name)].spec;
+      const std::string what = "runtime-owned cache " + Quote(*name) + " (KV storage " +
+                               Quote(layer.storage_key) + ")";
+      const blob::Dim& batch_dim = spec.shape[0];
+      const blob::Dim& positions = spec.shape[2];
+      if (batch_dim.min != batch_dim.max || batch_dim.min <= 0) {
+        return InvalidProgram(what + " needs a static positive batch, the blob has [" +
+                              std::to_string(batch_dim.min) + ", " +
+                              std::to_string(batch_dim.max) + "]");
+      }
+      if (batch && *batch != batch_dim.min) {
+        return InvalidProgram(what + " has batch " + std::to_string(batch_dim.min) +
+                              ", its K binding " + std::to_string(*batch));
+      }
+      batch = batch_dim.min;
+      if (positions.min > least || (positions.max != -1 && positions.max < most)) {
+        return InvalidProgram(what + " is bound at every capacity in [" + std::to_string(least) +
+                              ", " + std::to_string(most) + "] positions, but the engine's " +
+                              "positions dim (2) admits [" + std::to_string(positions.min) + ", " +
+                              std::to_string(positions.max) +
+                              "]: compile it with a dynamic positions dim covering the capacities");
+      }
+    }
+    config.batch = static_cast<uint64_t>(*batch);
+    std::shared_ptr<kvcache::KVCache> cache;
+    ZEROKV_RETURN_IF_ERROR(
+        kvcache::KVCacheRegistry::Global().Acquire(layer.storage_key, config, ops_, &cache));
+    bindings_[index_of.at(layer.k_binding)].cache = cache.get();
+    Binding& value = bindings_[index_of.at(layer.v_binding)];
+    value.cache = cache.get();
+    value.cache_value = true;
+    caches_.push_back(std::move(cache));
+  }
   return Status::Ok();
 }
 
@@ -301,6 +365,21 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
       plan->needs_synchronize = true;
     }
   }
+  if (!caches_.empty()) {
+    // The step width is shape metadata of an argument: never a read of its (device) contents.
+    const Tensor& source = *plan->tensors[step_binding_];
+    plan->step = static_cast<uint64_t>(source.size(static_cast<ssize_t>(step_dim_)));
+    for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
+      Status fits = cache->CheckStep(plan->step);
+      if (!fits.ok()) {
+        return Status(fits.code(), "input " + Quote(bindings_[step_binding_].spec.name) +
+                                       " (argument " +
+                                       std::to_string(*bindings_[step_binding_].argument) +
+                                       ") makes this step write " + std::to_string(plan->step) +
+                                       " tokens: " + fits.message());
+      }
+    }
+  }
   for (size_t i = 0; i < bindings_.size(); ++i) {
     if (plan->staged[i]) ZEROKV_RETURN_IF_ERROR(EnsureStaging(bindings_[i]));
   }
@@ -318,10 +397,37 @@ Status Delegate::Execute(Span<EValue*> args) {
     ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, done_event_));
     in_flight_ = false;
   }
+  if (caches_.empty()) return Run(plan, stream);
 
+  // Whatever happens from here, later users of a cache are ordered after this stream's work on
+  // it (a growth copy, a partial run); only a run that finished enqueueing advances a cache.
+  Status status = Status::Ok();
+  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
+    status = cache->Prepare(plan.step, stream);
+    if (!status.ok()) break;
+  }
+  if (status.ok()) status = Run(plan, stream);
+  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
+    Status marked = cache->MarkUsed(stream);
+    if (status.ok()) status = marked;
+  }
+  if (!status.ok()) return status;
+  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) cache->Commit(plan.step);
+  return Status::Ok();
+}
+
+Status Delegate::Run(Plan& plan, StreamHandle stream) {
   for (size_t i = 0; i < bindings_.size(); ++i) {
     Binding& binding = bindings_[i];
     if (binding.spec.direction != blob::Direction::kInput) continue;
+    if (binding.cache) {
+      ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, binding.cache->shape()));
+      binding.bound = binding.cache_value ? binding.cache->v() : binding.cache->k();
+      binding.bound_bytes = binding.cache->bytes_per_tensor();
+      ZEROKV_RETURN_IF_ERROR(
+          engine_->SetAddress(binding.spec.name, binding.bound, binding.bound_bytes));
+      continue;
+    }
     Tensor& tensor = *plan.tensors[i];
     ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, ShapeOf(tensor)));
     if (tensor.nbytes() == 0) {
@@ -333,7 +439,8 @@ Status Delegate::Execute(Span<EValue*> args) {
     } else {
       binding.bound = tensor.mutable_data_ptr();
     }
-    ZEROKV_RETURN_IF_ERROR(engine_->SetAddress(binding.spec.name, binding.bound, tensor.nbytes()));
+    binding.bound_bytes = tensor.nbytes();
+    ZEROKV_RETURN_IF_ERROR(engine_->SetAddress(binding.spec.name, binding.bound, binding.bound_bytes));
   }
   for (size_t i = 0; i < bindings_.size(); ++i) {
     Binding& binding = bindings_[i];
@@ -342,7 +449,7 @@ Status Delegate::Execute(Span<EValue*> args) {
     if (binding.aliased_input) {
       const Binding& input = bindings_[*binding.aliased_input];
       binding.bound = input.bound;
-      capacity = plan.tensors[*binding.aliased_input]->nbytes();
+      capacity = input.bound_bytes;
     } else {
       Tensor& tensor = *plan.tensors[i];
       Status resized = Resize(tensor, MaxShape(binding.spec));

@@ -19,15 +19,25 @@
 // delegate's own. An event recorded at the end of each unsynchronized execute is waited on by the
 // next execute's stream and drained before destruction.
 //
-// Errors: every check on the arguments runs before anything is bound, copied or enqueued, so a
-// refused execute leaves the caller's buffers untouched. Each message names the argument and
-// binding at fault.
+// Runtime-owned KV caches (the blob's kv_layers): their K and V inputs, and the outputs aliased to
+// them, are not arguments. Each layer's storage comes from the KVCacheRegistry by storage_key
+// (shared with the program's other delegates naming it). The delegate owns the step: before the
+// run it reads the step's token count from the argument the blob's step_width_source names (its
+// extent along that dim: shape metadata, never device contents), grows each cache to hold it on
+// the run's stream, and binds the K/V inputs and their aliased outputs at [batch, heads, capacity,
+// head_dim]; after a successful run it commits the step. A refused or failed execute never
+// advances a cache.
+//
+// Errors: every check on the arguments (and on the caches' room for the step) runs before anything
+// is bound, copied or enqueued, so a refused execute leaves the caller's buffers untouched. Each
+// message names the argument and binding at fault.
 #pragma once
 
 #include <cstddef>
 #include <memory>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <executorch/runtime/core/evalue.h>
@@ -35,6 +45,7 @@
 
 #include "cc/blob/blob.h"
 #include "cc/engines/engine.h"
+#include "cc/kvcache/kv_cache.h"
 #include "cc/runtime/device_ops.h"
 #include "cc/runtime/status.h"
 
@@ -44,7 +55,9 @@ class Delegate {
  public:
   // Checks the blob against the engine: the same bindings (name, direction, dtype), the same
   // aliased I/O in both directions, no duplicate alias, and a recorded elision that the engine's
-  // aliases can honour. Runtime-owned KV caches (kv_layers) are not supported by this runtime.
+  // aliases can honour. Each KV layer's K and V bindings must have a static batch and a positions
+  // dim that admits every capacity the cache may take; its storage is acquired here (shared by
+  // storage_key, refused when held with another layout or device), allocated at the first step.
   static Status Create(const blob::Blob& blob, std::unique_ptr<engines::Engine> engine,
                        std::unique_ptr<DeviceOps> ops, std::unique_ptr<Delegate>* delegate);
 
@@ -59,8 +72,9 @@ class Delegate {
   // How many arguments Execute takes.
   size_t arity() const { return signature_.arity(); }
 
-  // The address binding `name` was bound to by the last successful Execute (nullptr before one):
-  // what tests compare with the caller's buffer to prove the engine wrote through it.
+  // The address binding `name` was bound to by the last Execute that bound it (nullptr before
+  // one): what tests compare with the caller's buffer, or the cache's storage, to prove the engine
+  // wrote through it.
   const void* bound_address(const std::string& name) const;
 
  private:
@@ -72,18 +86,28 @@ class Delegate {
     size_t max_bytes = 0;                 // bytes at the largest shape the blob allows
     void* staging = nullptr;              // device buffer for a host-resident argument
     void* bound = nullptr;                // address bound at the last Execute
+    size_t bound_bytes = 0;               // bytes bound there
+    kvcache::KVCache* cache = nullptr;    // a runtime-owned input: its layer's storage
+    bool cache_value = false;             // ... the V tensor of it (else K)
   };
   struct Plan;  // What Execute decided for each argument, before touching anything.
 
-  Delegate(std::unique_ptr<engines::Engine> engine, std::unique_ptr<DeviceOps> ops);
+  Delegate(std::unique_ptr<engines::Engine> engine, std::shared_ptr<DeviceOps> ops);
 
+  Status AcquireCaches(const blob::Blob& blob,
+                       const std::unordered_map<std::string, size_t>& index_of);
   Status Validate(executorch::runtime::Span<executorch::runtime::EValue*> args, Plan* plan);
+  // Binds everything, enqueues the engine and finishes the outputs, on `stream`.
+  Status Run(Plan& plan, StreamHandle stream);
   Status EnsureStaging(Binding& binding);
   Status Drain();
 
   std::unique_ptr<engines::Engine> engine_;
-  std::unique_ptr<DeviceOps> ops_;
+  std::shared_ptr<DeviceOps> ops_;  // shared with the KV caches this delegate created
   std::vector<Binding> bindings_;
+  std::vector<std::shared_ptr<kvcache::KVCache>> caches_;
+  size_t step_binding_ = 0;  // the binding (an argument input) whose extent is the step width
+  size_t step_dim_ = 0;
   blob::DelegateSignature signature_;
   bool aliased_outputs_elided_ = false;
   StreamHandle own_stream_ = nullptr;

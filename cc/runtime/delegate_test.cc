@@ -4,12 +4,16 @@
 #include "cc/runtime/delegate.h"
 
 #include <cstring>
+#include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include <gtest/gtest.h>
 
 #include "cc/engines/testing/test_engine.h"
+#include "cc/kvcache/registry.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
@@ -396,13 +400,284 @@ TEST_F(DelegateTest, BindingMismatchIsRefused) {
       << status.message();
 }
 
-TEST_F(DelegateTest, RuntimeOwnedKvLayersAreNotSupported) {
-  blob::Blob blob = DecodeBlob(false);
-  blob.metadata.kv_layers.push_back(blob::KVLayer{"k_cache", "k_cache", "layers.0", DType::kFloat32, 2, 4,
-                                                  blob::KVPolicy::kFlat, 0, 8, 8});
-  Status status = Create(blob, DecodeEngine(blob, ComputeDevice::kCuda));
-  EXPECT_EQ(status.code(), Error::NotSupported);
-  EXPECT_NE(status.message().find("kv_layers"), std::string::npos) << status.message();
+// Runtime-owned caches: tokens [1, 1..4] int64 (the step width is its dim 1, tokens[0] the first
+// position) -> logits [1, T, 3]; K and V [1, 2, capacity, 4] owned by the runtime, written in place
+// through k_out / v_out. Neither the caches nor their aliased outputs are arguments.
+blob::Blob RuntimeKvBlob(const std::string& storage_key, uint64_t initial, uint64_t max,
+                         Dim positions = Dim{1, -1}, blob::KVPolicy policy = blob::KVPolicy::kFlat,
+                         uint64_t window = 0) {
+  blob::Blob blob;
+  blob.engine_kind = blob::EngineKind::kTensorrt;
+  auto cache = [&](const char* name, Direction direction) {
+    return IOBinding{name, DType::kFloat32, direction, Device::kCuda,
+                     {Dim{1, 1}, Dim{2, 2}, positions, Dim{4, 4}}};
+  };
+  blob.metadata.bindings = {
+      IOBinding{"tokens", DType::kInt64, Direction::kInput, Device::kCuda, {Dim{1, 1}, Dim{1, 4}}},
+      cache("k", Direction::kInput),
+      cache("v", Direction::kInput),
+      IOBinding{"logits", DType::kFloat32, Direction::kOutput, Device::kCuda,
+                {Dim{1, 1}, Dim{1, 4}, Dim{3, 3}}},
+      cache("k_out", Direction::kOutput),
+      cache("v_out", Direction::kOutput),
+  };
+  blob.metadata.aliased_io = {AliasedIO{"k_out", "k", AliasKind::kKvCacheUpdate},
+                              AliasedIO{"v_out", "v", AliasKind::kKvCacheUpdate}};
+  blob.metadata.kv_layers = {blob::KVLayer{"k", "v", storage_key, DType::kFloat32, 2, 4, policy,
+                                           window, initial, max}};
+  blob.metadata.step_width_source = "0:1";
+  return blob;
+}
+
+// The model: writes position p (p+1 in K, -(p+1) in V, modulo the capacity for a ring) for the
+// step's tokens starting at tokens[0], then sets logits[t] to how many positions of K's first row
+// hold data, so a step proves it sees every earlier step. A write past the bound capacity fails.
+std::unique_ptr<TestEngine> RuntimeKvEngine(const blob::Blob& blob, bool ring = false) {
+  auto engine = std::make_unique<TestEngine>(
+      EngineBindingsOf(blob), std::map<std::string, std::string>{{"k_out", "k"}, {"v_out", "v"}},
+      ComputeDevice::kCuda);
+  engine->on_enqueue = [ring](TestEngine& e) -> Status {
+    const int64_t steps = e.input_shapes["tokens"][1];
+    const int64_t capacity = e.input_shapes["k"][2];
+    const int64_t start = static_cast<const int64_t*>(e.bound["tokens"].data)[0];
+    if (!ring && start + steps > capacity) return Internal("test model: write past the capacity");
+    float* k = static_cast<float*>(e.bound["k_out"].data);
+    float* v = static_cast<float*>(e.bound["v_out"].data);
+    for (int64_t t = 0; t < steps; ++t) {
+      const int64_t position = (start + t) % capacity;
+      for (int64_t row = 0; row < 2; ++row) {
+        for (int64_t d = 0; d < 4; ++d) {
+          k[(row * capacity + position) * 4 + d] = static_cast<float>(start + t + 1);
+          v[(row * capacity + position) * 4 + d] = -static_cast<float>(start + t + 1);
+        }
+      }
+    }
+    int64_t filled = 0;
+    for (int64_t position = 0; position < capacity; ++position) filled += k[position * 4] != 0.0f;
+    float* logits = static_cast<float*>(e.bound["logits"].data);
+    for (int64_t i = 0; i < steps * 3; ++i) logits[i] = static_cast<float>(filled);
+    e.output_shapes["logits"] = {1, steps, 3};
+    return Status::Ok();
+  };
+  return engine;
+}
+
+class RuntimeKvTest : public DelegateTest {
+ protected:
+  // One step of `steps` tokens from `position`; the logits are readable after it.
+  Status Step(Delegate& delegate, int64_t position, int steps) {
+    tokens_ = std::make_unique<OwnedTensor<int64_t>>(ScalarType::Long, std::vector<int32_t>{1, steps},
+                                                     ET::CUDA);
+    tokens_->data()[0] = position;
+    record_.device_memory.insert(tokens_->data());
+    logits_ = std::make_unique<OwnedTensor<float>>(ScalarType::Float, std::vector<int32_t>{1, 4, 3},
+                                                   ET::CUDA);
+    record_.device_memory.insert(logits_->data());
+    EValue* args[] = {tokens_->value(), logits_->value()};
+    return delegate.Execute(Span<EValue*>(args, 2));
+  }
+  static kvcache::KVCacheMetrics Metrics(const std::string& key) {
+    std::shared_ptr<kvcache::KVCache> cache = kvcache::KVCacheRegistry::Global().Find(key);
+    EXPECT_NE(cache, nullptr) << key;
+    return cache ? cache->metrics() : kvcache::KVCacheMetrics{};
+  }
+  static float K(const Delegate& delegate, int64_t capacity, int64_t row, int64_t position) {
+    return static_cast<const float*>(delegate.bound_address("k"))[(row * capacity + position) * 4];
+  }
+
+  std::unique_ptr<OwnedTensor<int64_t>> tokens_;
+  std::unique_ptr<OwnedTensor<float>> logits_;
+};
+
+TEST_F(RuntimeKvTest, DecodesPastTheInitialCapacityGrowingAndKeepingContents) {
+  const std::string key = "delegate_test.grows";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  EXPECT_EQ(delegate_->arity(), 2u);  // tokens, logits: the caches are not arguments
+  for (int64_t position = 0; position < 20; ++position) {
+    Status status = Step(*delegate_, position, 1);
+    ASSERT_TRUE(status.ok()) << position << ": " << status.message();
+    EXPECT_EQ(logits_->data()[0], static_cast<float>(position + 1)) << position;
+  }
+  const kvcache::KVCacheMetrics metrics = Metrics(key);
+  EXPECT_EQ(metrics.length, 20u);
+  EXPECT_EQ(metrics.capacity, 32u);
+  EXPECT_EQ(metrics.growths, 3u);  // 4 -> 8 -> 16 -> 32
+  EXPECT_EQ(metrics.bytes_moved, 2u * 2 * 4 * sizeof(float) * (4 + 8 + 16));
+  // Bound at the current capacity, the aliased outputs at the inputs' storage.
+  EXPECT_EQ(engine_->input_shapes["k"], (std::vector<int64_t>{1, 2, 32, 4}));
+  EXPECT_EQ(engine_->bound["k_out"].data, engine_->bound["k"].data);
+  EXPECT_EQ(engine_->bound["v_out"].data, engine_->bound["v"].data);
+  EXPECT_EQ(engine_->bound["k"].capacity, 2u * 32 * 4 * sizeof(float));
+  for (int64_t position = 0; position < 20; ++position) {
+    EXPECT_EQ(K(*delegate_, 32, 1, position), static_cast<float>(position + 1)) << position;
+  }
+  EXPECT_EQ(K(*delegate_, 32, 1, 20), 0.0f);  // grown storage is zeroed
+  // Growth and use on the delegate's stream, ordered by the cache's event; no host block.
+  EXPECT_EQ(record_.synchronizations, 0);
+}
+
+TEST_F(RuntimeKvTest, StepWidthComesFromTheSourceArgumentsExtent) {
+  const std::string key = "delegate_test.prefill";
+  blob::Blob blob = RuntimeKvBlob(key, 2, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 3).ok());  // a prefill of 3: allocated at 4 at once, no growth
+  EXPECT_EQ(Metrics(key).length, 3u);
+  EXPECT_EQ(Metrics(key).capacity, 4u);
+  EXPECT_EQ(Metrics(key).growths, 0u);
+  ASSERT_TRUE(Step(*delegate_, 3, 4).ok());
+  EXPECT_EQ(Metrics(key).length, 7u);
+  EXPECT_EQ(Metrics(key).capacity, 8u);
+  EXPECT_EQ(Metrics(key).growths, 1u);
+}
+
+TEST_F(RuntimeKvTest, FailedEngineRunDoesNotAdvanceTheCache) {
+  const std::string key = "delegate_test.failed_run";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 4; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  auto model = engine_->on_enqueue;
+  engine_->on_enqueue = [](TestEngine&) { return Internal("scripted engine failure"); };
+  Status failed = Step(*delegate_, 4, 1);  // grows first, then the run fails
+  EXPECT_EQ(failed.code(), Error::Internal);
+  EXPECT_EQ(Metrics(key).length, 4u);
+  EXPECT_EQ(Metrics(key).capacity, 8u);  // the growth stands, its contents intact
+  EXPECT_EQ(K(*delegate_, 8, 0, 3), 4.0f);
+  engine_->on_enqueue = model;
+  ASSERT_TRUE(Step(*delegate_, 4, 1).ok());
+  EXPECT_EQ(Metrics(key).length, 5u);
+  EXPECT_EQ(logits_->data()[0], 5.0f);
+}
+
+TEST_F(RuntimeKvTest, StepPastMaxCapacityIsRefusedBeforeAnythingIsBound) {
+  const std::string key = "delegate_test.full";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 8, Dim{4, 8});
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 4).ok());
+  ASSERT_TRUE(Step(*delegate_, 4, 4).ok());
+  const int enqueued = engine_->enqueue_count;
+  const int waits = record_.stream_waits;
+  Status refused = Step(*delegate_, 8, 1);
+  EXPECT_EQ(refused.code(), Error::InvalidArgument);
+  EXPECT_NE(refused.message().find("'tokens' (argument 0) makes this step write 1 tokens"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_NE(refused.message().find("max_capacity of 8"), std::string::npos) << refused.message();
+  EXPECT_EQ(engine_->enqueue_count, enqueued);
+  EXPECT_EQ(record_.stream_waits, waits);
+  EXPECT_EQ(Metrics(key).length, 8u);
+}
+
+TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
+  const std::string key = "delegate_test.no_memory";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 4).ok());
+  const void* k = delegate_->bound_address("k");
+  const int enqueued = engine_->enqueue_count;
+  record_.fail_async_allocation_in = 2;  // V's new storage, after K's
+  Status failed = Step(*delegate_, 4, 1);
+  EXPECT_EQ(failed.code(), Error::MemoryAllocationFailed);
+  EXPECT_EQ(engine_->enqueue_count, enqueued);
+  EXPECT_EQ(Metrics(key).length, 4u);
+  EXPECT_EQ(Metrics(key).capacity, 4u);
+  EXPECT_EQ(Metrics(key).growths, 0u);
+  ASSERT_TRUE(Step(*delegate_, 4, 1).ok());
+  EXPECT_NE(delegate_->bound_address("k"), k);
+  EXPECT_EQ(logits_->data()[0], 5.0f);
+}
+
+TEST_F(RuntimeKvTest, RingKeepsItsWindow) {
+  const std::string key = "delegate_test.ring";
+  blob::Blob blob = RuntimeKvBlob(key, 6, 6, Dim{1, 6}, blob::KVPolicy::kRing, 6);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob, /*ring=*/true)).ok());
+  for (int64_t position = 0; position < 9; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  const kvcache::KVCacheMetrics metrics = Metrics(key);
+  EXPECT_EQ(metrics.capacity, 6u);
+  EXPECT_EQ(metrics.length, 6u);
+  EXPECT_EQ(metrics.growths, 0u);
+  EXPECT_EQ(K(*delegate_, 6, 0, 2), 9.0f);  // position 8 wrapped onto slot 2
+  ASSERT_TRUE(Step(*delegate_, 9, 4).ok());
+  EXPECT_EQ(Metrics(key).length, 6u);
+}
+
+TEST_F(RuntimeKvTest, DelegatesNamingOneStorageKeyShareIt) {
+  const std::string key = "delegate_test.shared";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  std::unique_ptr<Delegate> decode;
+  ASSERT_TRUE(Delegate::Create(blob, RuntimeKvEngine(blob),
+                               std::make_unique<CountingDeviceOps>(&record_), &decode)
+                  .ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 3).ok());  // "prefill"
+  ASSERT_TRUE(Step(*decode, 3, 1).ok());     // "decode" sees the prefill's positions
+  EXPECT_EQ(logits_->data()[0], 4.0f);
+  EXPECT_EQ(decode->bound_address("k"), delegate_->bound_address("k"));
+  EXPECT_EQ(Metrics(key).length, 4u);
+  // The decode delegate's stream waited on the prefill's use of the cache.
+  EXPECT_GE(record_.stream_waits, 1);
+  delegate_.reset();
+  ASSERT_TRUE(Step(*decode, 4, 1).ok());  // still held by the decode delegate
+  decode.reset();
+  EXPECT_EQ(kvcache::KVCacheRegistry::Global().Find(key), nullptr);
+  EXPECT_EQ(record_.allocations_live, 0);
+}
+
+TEST_F(RuntimeKvTest, LoadRefusesWhatTheRuntimeCannotBind) {
+  // The engine's positions dim cannot take the capacities the cache will have.
+  blob::Blob static_positions = RuntimeKvBlob("delegate_test.static", 4, 64, Dim{8, 8});
+  Status status = Create(static_positions, RuntimeKvEngine(static_positions));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("positions dim (2) admits [8, 8]"), std::string::npos)
+      << status.message();
+
+  // The engine computes K in another dtype than the manifest's.
+  blob::Blob blob = RuntimeKvBlob("delegate_test.dtype", 4, 64);
+  std::vector<engines::EngineBinding> bindings = EngineBindingsOf(blob);
+  bindings[1].dtype = DType::kBfloat16;
+  status = Create(blob, std::make_unique<TestEngine>(
+                            bindings, std::map<std::string, std::string>{{"k_out", "k"}, {"v_out", "v"}},
+                            ComputeDevice::kCuda));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("binding 'k' is INPUT FLOAT32 in the blob but INPUT BFLOAT16"),
+            std::string::npos)
+      << status.message();
+
+  // The manifest names a binding the engine does not have.
+  blob::Blob renamed = RuntimeKvBlob("delegate_test.renamed", 4, 64);
+  bindings = EngineBindingsOf(renamed);
+  bindings[2].name = "value_cache";
+  status = Create(renamed, std::make_unique<TestEngine>(
+                               bindings, std::map<std::string, std::string>{{"k_out", "k"}},
+                               ComputeDevice::kCuda));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("'v', which the engine does not have"), std::string::npos)
+      << status.message();
+
+  // A storage key already held at another layout.
+  blob::Blob first = RuntimeKvBlob("delegate_test.layout", 4, 64);
+  std::unique_ptr<Delegate> holder;
+  ASSERT_TRUE(Delegate::Create(first, RuntimeKvEngine(first),
+                               std::make_unique<CountingDeviceOps>(&record_), &holder)
+                  .ok());
+  blob::Blob other = RuntimeKvBlob("delegate_test.layout", 8, 64);
+  status = Create(other, RuntimeKvEngine(other));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("'delegate_test.layout' is already held"), std::string::npos)
+      << status.message();
+}
+
+TEST_F(RuntimeKvTest, ParserRefusesABrokenManifest) {
+  // What loading sees before the delegate: the blob parser's manifest checks.
+  blob::Blob ring_without_window = RuntimeKvBlob("delegate_test.parse", 6, 6, Dim{1, 6},
+                                                 blob::KVPolicy::kRing, 0);
+  ring_without_window.payload = reinterpret_cast<const uint8_t*>("x");
+  ring_without_window.payload_size = 1;
+  std::vector<uint8_t> bytes;
+  std::optional<blob::Error> error = blob::Serialize(ring_without_window, &bytes);
+  ASSERT_TRUE(error.has_value());
+  EXPECT_NE(error->message.find("a ring cache needs a window"), std::string::npos)
+      << error->message;
 }
 
 }  // namespace
