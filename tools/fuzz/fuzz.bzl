@@ -6,6 +6,7 @@
 Both are incompatible (skipped) where no clang with libFuzzer was found (@zerokv_clang).
 """
 
+load("@rules_shell//shell:sh_test.bzl", "sh_test")
 load("@zerokv_clang//:defs.bzl", CLANG_COMPATIBLE_WITH = "COMPATIBLE_WITH")
 
 _FLAGS = [
@@ -43,7 +44,7 @@ _clang_fuzzer = rule(
     attrs = {
         "srcs": attr.label_list(allow_files = [".cc"], mandatory = True),
         "hdrs": attr.label_list(allow_files = [".h"]),
-        "_clang": attr.label(default = "@zerokv_clang//:clang", executable = True, cfg = "exec", allow_single_file = True),
+        "_clang": attr.label(default = Label("@zerokv_clang//:clang"), executable = True, cfg = "exec", allow_single_file = True),
     },
 )
 
@@ -52,7 +53,7 @@ def clang_fuzzer(name, **kwargs):
 
 def fuzz_test(name, fuzzer, seeds, runs, **kwargs):
     """Runs `fuzzer` for `runs` executions from a copy of the `seeds` directory (fixed seed)."""
-    native.sh_test(
+    sh_test(
         name = name,
         srcs = [Label("//tools/fuzz:run_fuzzer.sh")],
         args = [

@@ -15,6 +15,9 @@ skips them (never fails, never fakes them).
 
 _PYTHON_ENV = ["ZEROKV_PYTHON", "PATH"]
 
+# Canonical, so that COMPATIBLE_WITH means the same in any module that loads a defs.bzl.
+_INCOMPATIBLE = str(Label("@platforms//:incompatible"))
+
 def _find_python(rctx):
     python = rctx.os.environ.get("ZEROKV_PYTHON", "")
     if python:
@@ -47,7 +50,7 @@ def _write_defs(rctx, found, why_missing = ""):
         "",
         "FOUND = %s" % found,
         "WHY_MISSING = %r" % why_missing,
-        "COMPATIBLE_WITH = %s" % ("[]" if found else '["@platforms//:incompatible"]'),
+        "COMPATIBLE_WITH = %r" % ([] if found else [_INCOMPATIBLE]),
         "",
     ]))
 
@@ -83,7 +86,7 @@ def _local_python_impl(rctx):
 
 local_python = repository_rule(
     implementation = _local_python_impl,
-    attrs = {"_build_template": attr.label(default = "//tools/repositories:python.BUILD.tpl")},
+    attrs = {"_build_template": attr.label(default = Label("//tools/repositories:python.BUILD.tpl"))},
     environ = _PYTHON_ENV,
     local = True,
 )
