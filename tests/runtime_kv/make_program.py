@@ -1,0 +1,41 @@
+"""Writes the runtime-owned KV program of the end-to-end test (a build step, so the compile is cached).
+
+    make_program.py OUT.pte
+
+zerokv.executorch.runtime_kv_models.CacheInputDecoder (fixed seed) with two methods, "prefill"
+(PREFILL tokens) and "decode" (1 token), compiled by AOTInductor for the CPU and delegated to cuda:0
+(run over a host-memory device allocator). Its K and V caches are runtime-owned: flat, initial
+capacity INITIAL_CAPACITY, growing up to MAX_CAPACITY, shared by both methods; the step width is
+dim 1 of "tokens".
+"""
+
+import sys
+
+import zerokv.executorch as zx
+from zerokv.executorch import runtime_kv_models as models
+
+PREFILL = 3
+INITIAL_CAPACITY = 4
+MAX_CAPACITY = 64
+
+
+def runtime_kv():
+    layer = zx.KVCacheLayer(k_input="k_cache", v_input="v_cache", max_capacity=MAX_CAPACITY,
+                            initial_capacity=INITIAL_CAPACITY)
+    return zx.RuntimeKV(layers=(layer,), step_width=("tokens", 1))
+
+
+def main():
+    (out,) = sys.argv[1:]
+    model = models.CacheInputDecoder(seed=0)
+    programs = {
+        "prefill": models.export_step(model, PREFILL, MAX_CAPACITY),
+        "decode": models.export_step(model, 1, MAX_CAPACITY),
+    }
+    program = zx.export(programs, engine="aoti", engine_options={"compile_device": "cpu"},
+                        runtime_kv=runtime_kv())
+    zx.save(program, out)
+
+
+if __name__ == "__main__":
+    main()
