@@ -18,7 +18,7 @@ roots="bazel-bootstrap=7.7.1+ds-8+b1 bazel-java-tools=13.6.1-5 bazel-rules-shell
 # Closure members that are neither downloaded nor unpacked: builds use the host's compilers,
 # Python and JDK (local_jdk); the server only needs sid's JRE and glibc.
 skip='^(gcc|g\+\+|cpp|binutils|build-essential|make|patch|dpkg|perl|python3|libpython|libperl|libdpkg-perl|lib(asan|tsan|ubsan|lsan|hwasan|itm|quadmath|gprofng|ctf|ctf-nobfd|sframe|isl|mpc|mpfr|cc1|gcc-[0-9]+-dev|stdc\+\+-[0-9]+-dev|c6-dev|c-dev-bin|binutils|jansson|gomp)[0-9]*|linux-libc-dev|zlib1g-dev|rust-coreutils|node-|libjs-|junit4|default-jdk-headless|openjdk-[0-9]+-jdk-headless)'
-stamp=$(sha256sum "$lock" "$0" | sha256sum | cut -c1-16)
+stamp=$(sha256sum "$lock" "$0" "$here/write_offline_overlay.sh" | sha256sum | cut -c1-16)
 
 log() { echo "[install_bazel] $*"; }
 

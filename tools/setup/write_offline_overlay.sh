@@ -22,6 +22,21 @@ for module in apple_support protobuf buildozer; do
   echo "module(name = \"$module\")" >"$overlay/modules/$module/MODULE.bazel"
   echo "# Empty stand-in: @bazel_tools names $module; nothing uses it offline." >"$overlay/modules/$module/BUILD.bazel"
 done
+# @bazel_tools uses buildozer's `buildozer_binary` extension (for `bazel mod tidy`): without it
+# `bazel mod graph` fails. The stand-in's repository is empty.
+cat >"$overlay/modules/buildozer/buildozer_binary.bzl" <<'EOF'
+"""Stand-in for buildozer's `buildozer_binary` extension: an empty `buildozer_binary` repository."""
+
+def _empty_repository_impl(repository_ctx):
+    repository_ctx.file("BUILD.bazel", "# Empty stand-in: buildozer is not available offline.\n")
+
+_empty_repository = repository_rule(implementation = _empty_repository_impl)
+
+def _buildozer_binary_impl(_module_ctx):
+    _empty_repository(name = "buildozer_binary")
+
+buildozer_binary = module_extension(implementation = _buildozer_binary_impl)
+EOF
 mkdir -p "$overlay/modules/zlib"
 echo 'module(name = "zlib")' >"$overlay/modules/zlib/MODULE.bazel"
 printf 'cc_library(\n    name = "zlib",\n    linkopts = ["-lz"],\n    visibility = ["//visibility:public"],\n)\n' \
