@@ -1,0 +1,84 @@
+// The DeviceAllocator for DeviceType::CUDA over the CUDA runtime, registered at static
+// initialisation: ExecuTorch plans the buffers of cuda:0 delegates in cudaMalloc'd memory and
+// copies method inputs in and outputs out through it. Copies are counted (copy_counters.h).
+//
+// Ordering. zerokv delegates enqueue on the caller's stream (a CallerStreamGuard) or on a
+// non-blocking stream of their own, and return without synchronizing; neither orders with
+// the legacy default stream that a plain cudaMemcpy uses. So:
+//   - under a CallerStreamGuard, both copies are enqueued on the caller's stream: an input copy is
+//     ordered after the previous step's reads of that buffer and before this step's kernels, and an
+//     output copy after the kernels that wrote it; the host waits only for the output copy;
+//   - without one, an input copy completes before it returns, and an output copy first waits for
+//     the device (the delegate's own stream is not visible here).
+#include <cuda_runtime_api.h>
+
+#include <executorch/runtime/core/device_allocator.h>
+#include <executorch/runtime/platform/log.h>
+
+#include "cc/runtime/caller_stream.h"
+#include "cc/runtime/device_allocators/copy_counters.h"
+
+namespace zerokv::runtime {
+namespace {
+
+using executorch::runtime::Error;
+using executorch::runtime::Result;
+using executorch::runtime::etensor::DeviceIndex;
+using executorch::runtime::etensor::DeviceType;
+
+Error Failed(cudaError_t error, const char* what, size_t nbytes) {
+  ET_LOG(Error, "zerokv CUDA allocator: %s of %zu bytes failed: %s", what, nbytes, cudaGetErrorString(error));
+  return Error::Internal;
+}
+
+class CudaDeviceAllocator final : public executorch::runtime::DeviceAllocator {
+ public:
+  Result<void*> allocate(size_t nbytes, DeviceIndex index, size_t alignment) override {
+    void* data = nullptr;
+    cudaError_t error = cudaSetDevice(index);
+    if (error == cudaSuccess) error = cudaMalloc(&data, nbytes);
+    if (error != cudaSuccess) {
+      Failed(error, "cudaMalloc", nbytes);
+      return Error::MemoryAllocationFailed;
+    }
+    if (reinterpret_cast<uintptr_t>(data) % alignment != 0) {  // cudaMalloc aligns to 256 bytes
+      ET_LOG(Error, "zerokv CUDA allocator: cudaMalloc result not aligned to %zu bytes", alignment);
+      cudaFree(data);
+      return Error::MemoryAllocationFailed;
+    }
+    return data;
+  }
+  void deallocate(void* data, DeviceIndex index) override {
+    cudaSetDevice(index);
+    cudaFree(data);  // synchronizes the device: no delegate work can still use it
+  }
+  Error copy_host_to_device(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
+    cudaError_t error = cudaSetDevice(index);
+    auto stream = static_cast<cudaStream_t>(CurrentCallerStream());
+    if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream);
+    if (error == cudaSuccess && stream == nullptr) error = cudaStreamSynchronize(nullptr);
+    if (error != cudaSuccess) return Failed(error, "host-to-device copy", nbytes);
+    CountHostToDevice(nbytes);
+    return Error::Ok;
+  }
+  Error copy_device_to_host(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
+    cudaError_t error = cudaSetDevice(index);
+    auto stream = static_cast<cudaStream_t>(CurrentCallerStream());
+    if (error == cudaSuccess && stream == nullptr) error = cudaDeviceSynchronize();
+    if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream);
+    if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
+    if (error != cudaSuccess) return Failed(error, "device-to-host copy", nbytes);
+    CountDeviceToHost(nbytes);
+    return Error::Ok;
+  }
+  DeviceType device_type() const override { return DeviceType::CUDA; }
+};
+
+CudaDeviceAllocator allocator;
+const bool registered = [] {
+  executorch::runtime::register_device_allocator(&allocator);
+  return true;
+}();
+
+}  // namespace
+}  // namespace zerokv::runtime

@@ -1,0 +1,50 @@
+// A DeviceAllocator for DeviceType::CUDA that hands out host memory, registered at static
+// initialisation: with it, a machine without a GPU runs programs whose zerokv delegates are tagged
+// cuda:0 and compiled for the CPU (engine_options={"compile_device": "cpu"}). ExecuTorch still
+// plans their buffers as CUDA memory, which is what the zerokv runtime checks for residency, and a
+// host engine reads it directly. Copies are counted (copy_counters.h).
+#include <cstdlib>
+#include <cstring>
+
+#include <executorch/runtime/core/device_allocator.h>
+
+#include "cc/runtime/device_allocators/copy_counters.h"
+
+namespace zerokv::runtime {
+namespace {
+
+using executorch::runtime::Error;
+using executorch::runtime::Result;
+using executorch::runtime::etensor::DeviceIndex;
+using executorch::runtime::etensor::DeviceType;
+
+class HostDeviceAllocator final : public executorch::runtime::DeviceAllocator {
+ public:
+  Result<void*> allocate(size_t nbytes, DeviceIndex, size_t alignment) override {
+    if (alignment < 64) alignment = 64;
+    void* data = std::aligned_alloc(alignment, (nbytes + alignment - 1) / alignment * alignment);
+    if (data == nullptr) return Error::MemoryAllocationFailed;
+    return data;
+  }
+  void deallocate(void* data, DeviceIndex) override { std::free(data); }
+  Error copy_host_to_device(void* dst, const void* src, size_t nbytes, DeviceIndex) override {
+    std::memcpy(dst, src, nbytes);
+    CountHostToDevice(nbytes);
+    return Error::Ok;
+  }
+  Error copy_device_to_host(void* dst, const void* src, size_t nbytes, DeviceIndex) override {
+    std::memcpy(dst, src, nbytes);
+    CountDeviceToHost(nbytes);
+    return Error::Ok;
+  }
+  DeviceType device_type() const override { return DeviceType::CUDA; }
+};
+
+HostDeviceAllocator allocator;
+const bool registered = [] {
+  executorch::runtime::register_device_allocator(&allocator);
+  return true;
+}();
+
+}  // namespace
+}  // namespace zerokv::runtime
