@@ -12,8 +12,9 @@ example="$(dirname "$(readlink -f "$0")")/example"
 output_base="${TEST_SRCDIR%%/execroot/*}"
 output_user_root="$output_base/zerokv-downstream"
 
+# Without TEST_TMPDIR, Bazel's client behaves as it does for a user (it is not running in a test).
 nested_bazel() {
-  (cd "$example" && bazel --output_user_root="$output_user_root" --max_idle_secs=60 "$@")
+  (cd "$example" && env -u TEST_TMPDIR bazel --output_user_root="$output_user_root" --max_idle_secs=60 "$@")
 }
 trap 'nested_bazel shutdown' EXIT
 
