@@ -78,7 +78,7 @@ class Layer(nn.Module):
         k = k * cos + _rotate_half(k) * sin
         k_cache.index_copy_(2, positions, k)
         v_cache.index_copy_(2, positions, v)
-        visible = torch.arange(k_cache.shape[2])[None, :] <= positions[:, None]
+        visible = torch.arange(k_cache.shape[2], device=k_cache.device)[None, :] <= positions[:, None]
         attention = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=visible)
         x = x + attention.transpose(1, 2).reshape(1, steps, c.heads * c.head_dim) @ self.out
         h = self.mlp_norm(x)
@@ -106,7 +106,7 @@ class LlamaDecoder(nn.Module):
 
     def forward(self, tokens, position, *caches):
         steps = tokens.shape[1]
-        positions = torch.arange(steps) + position
+        positions = torch.arange(steps, device=position.device) + position
         angles = positions[:, None].float() * self.inverse_frequencies[None, :]
         table = torch.cat((angles, angles), dim=-1)
         cos, sin = table.cos(), table.sin()

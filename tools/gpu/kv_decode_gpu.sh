@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# The kv_decode example on a CUDA GPU without Bazel (the H200 machine: no Bazel, no ExecuTorch
+# Python runtime, no network), through ExecuTorch's C++ Module API:
+#   1. exports the programs with the machine's torch and the executorch 1.5.1 cp312 wheel in .whl/
+#      (tools/gpu/kv_decode_gpu_export.py: the example's prefill + decode program with runtime-owned
+#      caches, eager's tokens and logits; with KV_BENCH_CONTEXTS, the bench's decode steps with
+#      caller-owned caches, zero-copy and staged, and eager's timings);
+#   2. builds zerokv's runtime (cc/blob, cc/engines, cc/engines/aoti with ZEROKV_WITH_CUDA, cc/kvcache,
+#      cc/runtime with CUDA DeviceOps, the CUDA DeviceAllocator) and tools/gpu/kv_decode_gpu.cc with
+#      g++ against the wheel's ExecuTorch SDK (libexecutorch, the optimized kernels) and libtorch;
+#   3. runs the check on the delegate's own stream and under a non-blocking caller stream, the bench,
+#      then the check under compute-sanitizer memcheck, racecheck and synccheck.
+#
+#   tools/gpu/kv_decode_gpu.sh                              check only
+#   KV_BENCH_CONTEXTS="256 1024 4096 8192" tools/gpu/kv_decode_gpu.sh   check and bench
+#   KV_GPU_BUILD_ONLY=1 tools/gpu/kv_decode_gpu.sh          step 2 only (a machine without a GPU)
+# On the device machine: run tool with carry [".whl"]. Logs go to $OUT when set.
+set -euo pipefail
+ROOT=$(cd "$(dirname "$0")/../.." && pwd)
+BUILD=${KV_GPU_DIR:-/tmp/zerokv_kv_decode_gpu}
+LOGS=${OUT:-$BUILD/logs}
+PYTHON=${PYTHON:-python3}
+CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
+CONTEXTS=${KV_BENCH_CONTEXTS:-}
+rm -rf "$BUILD/obj"
+mkdir -p "$BUILD/obj" "$BUILD/gen/cc/blob" "$BUILD/py" "$LOGS"
+
+echo "== ExecuTorch SDK and Python package from the wheel"
+WHEEL=$(ls "$ROOT"/.whl/executorch-1.5.1-*.whl | head -1)
+"$PYTHON" - "$WHEEL" "$BUILD/et" <<'UNPACK'
+import sys, zipfile
+wheel = zipfile.ZipFile(sys.argv[1])
+wheel.extractall(sys.argv[2], [n for n in wheel.namelist()
+                               if n.startswith("executorch/include/") or n.startswith("executorch/lib/lib")])
+UNPACK
+ET=$BUILD/et/executorch
+TORCH=$("$PYTHON" -c "import os, torch; print(os.path.dirname(torch.__file__))")
+ABI=$("$PYTHON" -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --cpp "$BUILD/gen/cc/blob/blob_format.h")
+rm -rf "$BUILD/py/zerokv" && cp -r "$ROOT/py/zerokv" "$BUILD/py/zerokv"
+(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --python "$BUILD/py/zerokv/blob/format_generated.py")
+
+export_programs() {
+  if ! "$PYTHON" -c "import executorch.exir" 2>/dev/null; then
+    # The wheel and the packages its exporter needs that the machine lacks (ruamel.yaml), all in .whl/.
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --target "$BUILD/site" "$ROOT"/.whl/*.whl
+    export PYTHONPATH="$BUILD/site"
+  fi
+  local contexts=${CONTEXTS// /,}
+  PYTHONPATH="$BUILD/py:${PYTHONPATH:-}" "$PYTHON" "$ROOT/tools/gpu/kv_decode_gpu_export.py" "$BUILD/programs" \
+    --device cuda --contexts "$contexts" --jobs "${KV_EXPORT_JOBS:-5}" >"$LOGS/export.log" 2>&1
+}
+if [[ "${KV_GPU_BUILD_ONLY:-0}" != 1 ]]; then
+  echo "== export (in the background, logs in export.log)"
+  nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader
+  export_programs & export_pid=$!
+fi
+
+echo "== build"
+COMMON=(-std=c++17 -O2 -g -fPIC "-D_GLIBCXX_USE_CXX11_ABI=$ABI" -DZEROKV_WITH_CUDA
+        "-I$ROOT" "-I$BUILD/gen" "-I$CUDA_HOME/include")
+ET_FLAGS=(-DC10_USING_CUSTOM_GENERATED_MACROS -DET_EVENT_TRACER_ENABLED "-I$ET/include"
+          "-I$ET/include/executorch/runtime/core/portable_type/c10")
+# The AOTI engine sees torch's c10, never ExecuTorch's portable copy of it.
+TORCH_FLAGS=("-I$TORCH/include" "-I$TORCH/include/torch/csrc/api/include" "-I$ET/include")
+compile() {  # compile SOURCE FLAGS...
+  local source=$1; shift
+  g++ "${COMMON[@]}" "$@" -c "$ROOT/$source" -o "$BUILD/obj/$(echo "$source" | tr / _).o"
+}
+pids=()
+compile cc/blob/blob.cc & pids+=($!)
+for source in cc/engines/engine.cc cc/runtime/caller_stream.cc cc/runtime/host_device_ops.cc \
+              cc/runtime/cuda_device_ops.cc cc/runtime/delegate.cc cc/runtime/backend.cc \
+              cc/runtime/binding_trace.cc cc/kvcache/kv_cache.cc cc/kvcache/registry.cc cc/kvcache/c_api.cc \
+              cc/runtime/device_allocators/copy_counters.cc cc/runtime/device_allocators/cuda_device_allocator.cc \
+              tools/gpu/kv_decode_gpu.cc; do
+  compile "$source" "${ET_FLAGS[@]}" & pids+=($!)
+done
+compile cc/engines/aoti/aoti_engine.cc "${TORCH_FLAGS[@]}" & pids+=($!)
+for pid in "${pids[@]}"; do wait "$pid"; done
+TORCH_LIBS=(-ltorch -ltorch_cpu -lc10)
+for cuda_lib in torch_cuda c10_cuda; do
+  [[ -e "$TORCH/lib/lib$cuda_lib.so" ]] && TORCH_LIBS+=("-l$cuda_lib")
+done
+# --no-as-needed: the kernels and the engines register themselves at load; nothing names them.
+g++ -o "$BUILD/kv_decode_gpu" "$BUILD"/obj/*.o \
+  "-L$ET/lib" -Wl,--no-as-needed -lexecutorch -lexecutorch_kernels_optimized -lexecutorch_threadpool \
+  "-L$TORCH/lib" "${TORCH_LIBS[@]}" -Wl,--as-needed \
+  "-L$CUDA_HOME/lib64" -lcudart "-Wl,-rpath,$ET/lib:$TORCH/lib:$CUDA_HOME/lib64"
+echo "built $BUILD/kv_decode_gpu"
+[[ "${KV_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
+
+if ! wait "$export_pid"; then
+  echo "export FAILED"; tail -n 30 "$LOGS/export.log"; exit 1
+fi
+grep -e '^exported' "$LOGS/export.log" || true
+
+status=0
+run() {  # run NAME COMMAND...: logs to $LOGS/NAME.log, keeps going on failure
+  local name=$1; shift
+  echo "== $name"
+  if "$@" >"$LOGS/$name.log" 2>&1; then echo "ok"; else echo "FAILED ($?)"; status=1; fi
+  tail -n 3 "$LOGS/$name.log"
+}
+CHECK=("$BUILD/kv_decode_gpu" check "$BUILD/programs/check")
+run check_own_stream "${CHECK[@]}" own-stream
+run check_caller_stream "${CHECK[@]}" caller-stream
+if [[ -n "$CONTEXTS" ]]; then
+  echo "== bench (per decode step, batch 1)"
+  # shellcheck disable=SC2086  # one argument per context
+  "$BUILD/kv_decode_gpu" bench "$BUILD/programs/bench" $CONTEXTS 2>&1 | tee "$LOGS/bench.md" || status=1
+fi
+# 20 decode steps after the 16-token prompt: one growth (16 -> 32 -> 64 positions), fewer kernels.
+SANITIZER=$(command -v compute-sanitizer || echo "$CUDA_HOME/bin/compute-sanitizer")
+for tool in memcheck racecheck synccheck; do
+  for mode in own-stream caller-stream; do
+    run "check_${tool}_${mode}" "$SANITIZER" --tool "$tool" --error-exitcode 9 "${CHECK[@]}" "$mode" 20
+  done
+done
+exit $status
