@@ -73,22 +73,6 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
 
 bool SameShape(const std::vector<Dim>& a, const std::vector<Dim>& b) { return a == b; }
 
-// "input_index:dim", each a decimal of at most 9 digits without leading zeros (as in codec.py).
-bool ParseStepWidthSource(const std::string& source, uint64_t* input_index, uint64_t* dim) {
-  const size_t colon = source.find(':');
-  if (colon == std::string::npos) return false;
-  auto parse_number = [](const std::string& text, uint64_t* value) {
-    if (text.empty() || text.size() > 9 || (text.size() > 1 && text[0] == '0')) return false;
-    *value = 0;
-    for (char c : text) {
-      if (c < '0' || c > '9') return false;
-      *value = *value * 10 + static_cast<uint64_t>(c - '0');
-    }
-    return true;
-  };
-  return parse_number(source.substr(0, colon), input_index) && parse_number(source.substr(colon + 1), dim);
-}
-
 std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided) {
   std::unordered_map<std::string, const IOBinding*> bindings;
   for (size_t i = 0; i < metadata.bindings.size(); ++i) {
@@ -206,10 +190,11 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
     }
     return std::nullopt;
   }
-  uint64_t input_index = 0, dim = 0;
-  if (!ParseStepWidthSource(source, &input_index, &dim)) {
+  const std::optional<StepWidthSource> parsed = ParseStepWidthSource(source);
+  if (!parsed) {
     return Refuse(ErrorCode::kBadStepWidthSource, source_field, Quote(source) + " is not 'input_index:dim'");
   }
+  const uint64_t input_index = parsed->input_index, dim = parsed->dim;
   const DelegateSignature signature = ComputeDelegateSignature(metadata, aliased_outputs_elided);
   if (input_index >= signature.inputs.size()) {
     return Refuse(ErrorCode::kBadStepWidthSource, source_field,
@@ -226,6 +211,26 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
 }
 
 }  // namespace
+
+std::optional<StepWidthSource> ParseStepWidthSource(const std::string& source) {
+  const size_t colon = source.find(':');
+  if (colon == std::string::npos) return std::nullopt;
+  auto parse_number = [](const std::string& text, uint64_t* value) {
+    if (text.empty() || text.size() > 9 || (text.size() > 1 && text[0] == '0')) return false;
+    *value = 0;
+    for (char c : text) {
+      if (c < '0' || c > '9') return false;
+      *value = *value * 10 + static_cast<uint64_t>(c - '0');
+    }
+    return true;
+  };
+  StepWidthSource parsed;
+  if (!parse_number(source.substr(0, colon), &parsed.input_index) ||
+      !parse_number(source.substr(colon + 1), &parsed.dim)) {
+    return std::nullopt;
+  }
+  return parsed;
+}
 
 DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided) {
   std::unordered_set<std::string> runtime_owned;

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "cc/blob/blob_format.h"
@@ -42,6 +43,17 @@ struct DelegateSignature {
 };
 
 DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided);
+
+// metadata.step_width_source: the delegate's argument input `input_index` (an index into
+// DelegateSignature::inputs) whose extent along `dim` is the number of tokens a step writes.
+struct StepWidthSource {
+  uint64_t input_index = 0;
+  uint64_t dim = 0;
+};
+
+// Parses "input_index:dim" (decimals of at most 9 digits, no leading zeros); nullopt if malformed.
+// A parsed blob's source is well-formed and in range whenever it has kv_layers.
+std::optional<StepWidthSource> ParseStepWidthSource(const std::string& source);
 
 // Parses and validates `data`. On success fills `blob` and returns nullopt.
 std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob);

@@ -202,11 +202,10 @@ Status Delegate::AcquireCaches(const blob::Blob& blob,
                                const std::unordered_map<std::string, size_t>& index_of) {
   const blob::Metadata& metadata = blob.metadata;
   if (metadata.kv_layers.empty()) return Status::Ok();
-  const std::string& source = metadata.step_width_source;
-  const size_t colon = source.find(':');
-  const size_t step_input = std::stoul(source.substr(0, colon));
-  step_binding_ = signature_.inputs[step_input];
-  step_dim_ = std::stoul(source.substr(colon + 1));
+  // Well-formed and in range: the parser refused the blob otherwise.
+  const blob::StepWidthSource source = *blob::ParseStepWidthSource(metadata.step_width_source);
+  step_binding_ = signature_.inputs[source.input_index];
+  step_dim_ = source.dim;
 
   for (const blob::KVLayer& layer : metadata.kv_layers) {
     const bool ring = layer.policy == blob::KVPolicy::kRing;
