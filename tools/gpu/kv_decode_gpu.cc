@@ -126,6 +126,11 @@ void Compare(const std::vector<float>& got, const float* want, size_t vocab, con
   }
 }
 
+double Median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 // STEPS (at most the exported number) shortens the run for compute-sanitizer.
 int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   int64_t prompt = 0, exported_steps = 0, vocab = 0, layers = 0;
@@ -144,30 +149,39 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double min_cosine = 1, max_error = 0;
   ZeroKVCacheMetrics metrics{};
+  std::vector<double> growing_steps, plain_steps;  // decode step times (ms), with and without a growth
   {
     zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
     auto logits = Step(module, "prefill", std::vector<int64_t>(tokens.begin(), tokens.begin() + prompt), 0);
     Compare(logits, reference.data(), vocab, "prefill", 0, &min_cosine, &max_error);
     for (int64_t step = 0; step < steps; ++step) {
       const int64_t position = prompt + step;
+      const uint64_t growths_before = metrics.growths;
+      const auto started = Clock::now();
       logits = Step(module, "decode", {tokens[position]}, position);
+      const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
       Compare(logits, reference.data() + position * vocab, vocab, "decode", position, &min_cosine, &max_error);
       CHECK(zerokv_kv_metrics_sum("", &metrics) == layers, "expected %lld runtime-owned caches",
             static_cast<long long>(layers));
       CHECK(metrics.length == uint64_t((position + 1) * layers), "decode at %lld: %llu positions committed",
             static_cast<long long>(position), static_cast<unsigned long long>(metrics.length / layers));
+      (metrics.growths > growths_before ? growing_steps : plain_steps).push_back(elapsed);
     }
   }
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
   CHECK(metrics.growths > 0, "the caches never grew: the check would not cover growth");
   std::printf("%s %s: prefill %lld + %lld decode steps, min cosine %.7f, max error %.2e (of the largest logit), "
-              "capacity %llu, %llu growths moved %llu bytes, %d failures\n",
+              "capacity %llu, %llu growths (all layers) moved %llu bytes, %d failures\n",
               caller_stream ? "caller-stream" : "own-stream", failures == 0 ? "PASS" : "FAIL",
               static_cast<long long>(prompt), static_cast<long long>(steps), min_cosine, max_error,
               static_cast<unsigned long long>(metrics.capacity / layers),
               static_cast<unsigned long long>(metrics.growths), static_cast<unsigned long long>(metrics.bytes_moved),
               failures);
+  if (!growing_steps.empty() && !plain_steps.empty()) {
+    std::printf("decode step: median %.3f ms without a growth (%zu steps), %.3f ms with one (%zu steps)\n",
+                Median(plain_steps), plain_steps.size(), Median(growing_steps), growing_steps.size());
+  }
   return failures == 0 ? 0 : 1;
 }
 
@@ -235,11 +249,6 @@ class BareEngine {
   std::vector<void*> owned_;
   cudaStream_t stream_ = nullptr;
 };
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  return values[values.size() / 2];
-}
 
 int Bench(const std::string& dir, const std::vector<int64_t>& contexts) {
   constexpr int kWarmup = 5, kRounds = 5, kStepsPerRound = 20;

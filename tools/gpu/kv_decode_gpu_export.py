@@ -22,6 +22,7 @@ import sys
 import time
 
 import torch
+import torch.export.passes  # noqa: F401  (torch 2.11 does not import it with torch.export; zerokv.aoti uses it)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 
@@ -33,6 +34,29 @@ CHECK_PROMPT, CHECK_STEPS, CHECK_MAX_CAPACITY, CHECK_INITIAL_CAPACITY = 16, 48, 
 # A decoder whose caches dominate a step at long contexts: 4 layers, 16 heads x 64, float32.
 BENCH_CONFIG = Config(vocab=4096, hidden=1024, layers=4, heads=16, head_dim=64, ffn=2816)
 EAGER_STEPS = 50
+
+
+def _compile_with_the_example_inputs():
+    """AOTInductor's compile-time autotuning for CUDA runs the kernels on generated inputs, and
+    random cache positions index past a dynamic capacity (a device-side assert, seen on the H200 with
+    torch 2.11); without it, the kernels are tuned on the example inputs, which are valid."""
+    import torch._inductor.config
+
+    torch._inductor.config.triton.autotune_at_compile_time = False
+
+
+def _reported(export):
+    """Runs `export` in a pool worker, returning a line that says what it did or why it failed (an
+    exception may not survive the trip back to the parent)."""
+
+    def run(*args):
+        try:
+            _compile_with_the_example_inputs()
+            return "exported " + export(*args)
+        except Exception as error:  # noqa: BLE001  (reported to the parent, which fails)
+            return f"FAILED {export.__name__}{args}: {type(error).__name__}: {error}"
+
+    return run
 
 
 def export_check(directory, device):
@@ -57,6 +81,7 @@ def export_check(directory, device):
     torch.cat(logits).numpy().tofile(os.path.join(directory, "reference.bin"))
     with open(os.path.join(directory, "shape.txt"), "w") as shape:
         shape.write(f"{CHECK_PROMPT} {CHECK_STEPS} {CHECK_CONFIG.vocab} {CHECK_CONFIG.layers}\n")
+    return "check"
 
 
 def export_bench(directory, context, zero_copy, device):
@@ -100,17 +125,28 @@ def main():
     args = parser.parse_args()
     contexts = [int(context) for context in args.contexts.split(",") if context]
     bench = os.path.join(args.out, "bench")
+    failed = False
     with concurrent.futures.ProcessPoolExecutor(args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
-        jobs = [pool.submit(export_check, os.path.join(args.out, "check"), args.device)]
-        jobs += [pool.submit(export_bench, os.path.join(bench, str(context)), context, zero_copy, args.device)
+        jobs = [pool.submit(_export_check, os.path.join(args.out, "check"), args.device)]
+        jobs += [pool.submit(_export_bench, os.path.join(bench, str(context)), context, zero_copy, args.device)
                  for context in contexts for zero_copy in (True, False)]
         for job in concurrent.futures.as_completed(jobs):
-            print("exported", job.result() or "check", flush=True)
+            print(job.result(), flush=True)
+            failed |= job.result().startswith("FAILED")
     if contexts and args.device == "cuda":
         with open(os.path.join(bench, "eager.tsv"), "w") as out:
             for context in contexts:
                 out.write(f"{context}\t{eager_step_ms(context):.4f}\n")
+    return 1 if failed else 0
+
+
+def _export_check(*args):
+    return _reported(export_check)(*args)
+
+
+def _export_bench(*args):
+    return _reported(export_bench)(*args)
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())
