@@ -33,7 +33,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv import blob
 
-_DTYPES = {
+# The torch dtype of each blob DType (blob.DType is torch-free); the one place the two are paired.
+BLOB_DTYPES = {
     torch.float32: blob.DType.FLOAT32,
     torch.float16: blob.DType.FLOAT16,
     torch.bfloat16: blob.DType.BFLOAT16,
@@ -201,9 +202,9 @@ def _unique(name, taken):
 def _binding(name, value, direction, device, ranges):
     if not isinstance(value, torch.Tensor):
         raise ValueError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
-    if value.dtype not in _DTYPES:
+    if value.dtype not in BLOB_DTYPES:
         raise ValueError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
-    return blob.IOBinding(name, _DTYPES[value.dtype], direction, device, [_dim(name, d, ranges) for d in value.shape])
+    return blob.IOBinding(name, BLOB_DTYPES[value.dtype], direction, device, [_dim(name, d, ranges) for d in value.shape])
 
 
 def _dim(name, size, ranges):

@@ -19,7 +19,7 @@ import torch
 from torch import fx
 
 from zerokv import blob
-from zerokv.aoti import EngineBuild  # payload, bindings (inputs, then outputs), aliased_io
+from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
 
 _TO_DIM_ORDER_COPY = torch.ops.dim_order_ops._to_dim_order_copy.default
 
@@ -30,21 +30,9 @@ class EngineBuildError(RuntimeError):
     """The engine could not be built for a delegate; the message names the delegate and why."""
 
 
-_TORCH_TO_BLOB_DTYPE = {
-    torch.float32: blob.DType.FLOAT32,
-    torch.float16: blob.DType.FLOAT16,
-    torch.bfloat16: blob.DType.BFLOAT16,
-    torch.int32: blob.DType.INT32,
-    torch.int64: blob.DType.INT64,
-    torch.int8: blob.DType.INT8,
-    torch.uint8: blob.DType.UINT8,
-    torch.bool: blob.DType.BOOL,
-}
-
-
 def blob_dtype(dtype: torch.dtype, what: str):
     try:
-        return _TORCH_TO_BLOB_DTYPE[dtype]
+        return BLOB_DTYPES[dtype]
     except KeyError:
         raise EngineBuildError(f"{what}: dtype {dtype} has no zerokv blob encoding") from None
 
