@@ -22,7 +22,6 @@ import sys
 import time
 
 import torch
-import torch.export.passes  # noqa: F401  (torch 2.11 does not import it with torch.export; zerokv.aoti uses it)
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 

@@ -30,6 +30,7 @@ from typing import Mapping, Optional, Sequence, Union
 import torch
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
+from torch.export.passes import move_to_device_pass  # torch 2.11 does not import it with torch.export
 
 from zerokv import blob
 
@@ -86,7 +87,7 @@ def compile_aoti(
         if aliased_outputs:
             program = _export(_rewrite_in_place(program.module(), aliased_outputs), example_inputs, dynamic_shapes)
         elif torch_device.type == "cuda":
-            program = torch.export.passes.move_to_device_pass(program, torch_device)
+            program = move_to_device_pass(program, torch_device)
     else:
         module = _rewrite_in_place(program, aliased_outputs) if aliased_outputs else program
         program = _export(module.to(torch_device), example_inputs, dynamic_shapes)
