@@ -85,7 +85,10 @@ def _example_inputs(program: torch.export.ExportedProgram, names):
                     bounds = program.range_constraints.get(extent.node.expr)
                     lower = max(int(bounds.lower), 1) if bounds is not None else 1
                     upper = int(bounds.upper) if bounds is not None and bounds.upper.is_finite else None
-                    dims[symbol] = (torch.export.Dim(f"d_{symbol}", min=lower, max=upper), max(lower, 2))
+                    # The example extent is the original export's (its hint), not the lower bound:
+                    # AOTInductor tunes kernels on these sizes, and a cache shrunk to its minimum
+                    # capacity would make a prefill's positions index past it.
+                    dims[symbol] = (torch.export.Dim(f"d_{symbol}", min=lower, max=upper), int(extent.node.hint))
                 spec[axis] = dims[symbol][0]
                 shape.append(dims[symbol][1])
             else:
