@@ -46,6 +46,15 @@ class CudaDeviceAllocator final : public executorch::runtime::DeviceAllocator {
       cudaFree(data);
       return Error::MemoryAllocationFailed;
     }
+    // Planned memory starts zeroed (once, at method load): ExecuTorch leaves mutable buffers
+    // uninitialised, and a caller-owned cache's unwritten positions reach masked attention, where a
+    // NaN would survive the zero weight.
+    error = cudaMemset(data, 0, nbytes);
+    if (error != cudaSuccess) {
+      Failed(error, "cudaMemset", nbytes);
+      cudaFree(data);
+      return Error::MemoryAllocationFailed;
+    }
     return data;
   }
   void deallocate(void* data, DeviceIndex index) override {

@@ -22,8 +22,10 @@ class HostDeviceAllocator final : public executorch::runtime::DeviceAllocator {
  public:
   Result<void*> allocate(size_t nbytes, DeviceIndex, size_t alignment) override {
     if (alignment < 64) alignment = 64;
-    void* data = std::aligned_alloc(alignment, (nbytes + alignment - 1) / alignment * alignment);
+    const size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
+    void* data = std::aligned_alloc(alignment, rounded);
     if (data == nullptr) return Error::MemoryAllocationFailed;
+    std::memset(data, 0, rounded);  // zeroed like the CUDA allocator's planned memory (see there)
     return data;
   }
   void deallocate(void* data, DeviceIndex) override { std::free(data); }

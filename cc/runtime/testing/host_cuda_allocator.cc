@@ -51,9 +51,7 @@ class HostCudaAllocator final : public executorch::runtime::DeviceAllocator {
     const size_t rounded = (nbytes + alignment - 1) / alignment * alignment;
     void* data = std::aligned_alloc(alignment, rounded);
     if (data == nullptr) return Error::MemoryAllocationFailed;
-    // Zeroed, as zerokv's device allocators hand out planned memory: ExecuTorch does not initialise
-    // mutable buffers, and a cache's unwritten positions reach attention (masked, times zero), where
-    // a NaN left in them would poison the result.
+    // Zeroed, like zerokv's device allocators (cc/runtime/device_allocators/cuda_device_allocator.cc).
     std::memset(data, 0, rounded);
     std::lock_guard<std::mutex> lock(TheLedger().mutex);
     TheLedger().live.push_back({data, nbytes});
