@@ -26,6 +26,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
+#include "tools/gpu/check.h"
 
 namespace {
 
@@ -41,17 +42,6 @@ using ET = executorch::runtime::etensor::DeviceType;
 
 constexpr int kPositions = 8;
 constexpr int kCacheFloats = 2 * kPositions * 4;
-int failures = 0;
-
-#define CHECK(condition, ...)                          \
-  do {                                                 \
-    if (!(condition)) {                                \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                        \
-      std::printf("\n");                               \
-      ++failures;                                      \
-    }                                                  \
-  } while (0)
 
 #define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
 

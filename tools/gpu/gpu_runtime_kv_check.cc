@@ -33,6 +33,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
+#include "tools/gpu/check.h"
 
 namespace {
 
@@ -51,17 +52,6 @@ using ET = executorch::runtime::etensor::DeviceType;
 constexpr int kHeads = 2, kHeadDim = 16, kPrefill = 3, kDecode = 40, kMaxCapacity = 64;
 constexpr int kMaxWidth = 8;  // the blob's bound on a step's tokens (x and the output, dim 2)
 constexpr const char* kStorageKey = "gpu_check/layers.0";
-int failures = 0;
-
-#define CHECK(condition, ...)                          \
-  do {                                                 \
-    if (!(condition)) {                                \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                        \
-      std::printf("\n");                               \
-      ++failures;                                      \
-    }                                                  \
-  } while (0)
 
 #define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
 

@@ -40,6 +40,7 @@
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
+#include "tools/gpu/check.h"
 
 namespace {
 
@@ -47,18 +48,6 @@ using executorch::extension::make_tensor_ptr;
 using executorch::extension::Module;
 using executorch::runtime::EValue;
 using Clock = std::chrono::steady_clock;
-
-int failures = 0;
-
-#define CHECK(condition, ...)                          \
-  do {                                                 \
-    if (!(condition)) {                                \
-      std::printf("FAIL %s:%d: ", __FILE__, __LINE__); \
-      std::printf(__VA_ARGS__);                        \
-      std::printf("\n");                               \
-      ++failures;                                      \
-    }                                                  \
-  } while (0)
 
 #define CUDA_OK(call)                                                                   \
   do {                                                                                  \
