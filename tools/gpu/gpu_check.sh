@@ -20,60 +20,12 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${GPU_CHECK_DIR:-/tmp/zerokv_gpu_check}
 LOGS=${OUT:-$BUILD/logs}
 PYTHON=${PYTHON:-python3}
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
-rm -rf "$BUILD/obj" "$BUILD/main"
-mkdir -p "$BUILD/obj" "$BUILD/main" "$BUILD/gen/cc/blob" "$BUILD/py" "$LOGS"
-
-echo "== ExecuTorch C++ SDK from the wheel"
-WHEEL=$(ls "$ROOT"/.whl/executorch-1.5.1-*.whl | head -1)
-"$PYTHON" - "$WHEEL" "$BUILD/et" <<'UNPACK'
-import sys, zipfile
-wheel = zipfile.ZipFile(sys.argv[1])
-wheel.extractall(sys.argv[2], [n for n in wheel.namelist()
-                               if n.startswith("executorch/include/") or n == "executorch/lib/libexecutorch.so"])
-UNPACK
-ET=$BUILD/et/executorch
-TORCH=$("$PYTHON" -c "import os, torch; print(os.path.dirname(torch.__file__))")
-ABI=$("$PYTHON" -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
-
-echo "== generated codecs"
-(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --cpp "$BUILD/gen/cc/blob/blob_format.h")
-rm -rf "$BUILD/py/zerokv" && cp -r "$ROOT/py/zerokv" "$BUILD/py/zerokv"
-(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --python "$BUILD/py/zerokv/blob/format_generated.py")
-
-COMMON=(-std=c++17 -O1 -g -fPIC "-D_GLIBCXX_USE_CXX11_ABI=$ABI" -DZEROKV_WITH_CUDA
-        "-I$ROOT" "-I$BUILD/gen" "-I$CUDA_HOME/include")
-ET_FLAGS=(-DC10_USING_CUSTOM_GENERATED_MACROS -DET_EVENT_TRACER_ENABLED "-I$ET/include"
-          "-I$ET/include/executorch/runtime/core/portable_type/c10")
-# The AOTI engine sees torch's c10, never ExecuTorch's portable copy of it.
-TORCH_FLAGS=("-I$TORCH/include" "-I$TORCH/include/torch/csrc/api/include" "-I$ET/include")
-
-echo "== build"
-compile() {  # compile SOURCE FLAGS...: the runtime's objects to obj/, the checks' mains to main/
-  local source=$1; shift
-  local dir=obj
-  [[ "$source" == tools/gpu/* ]] && dir=main
-  g++ "${COMMON[@]}" "$@" -c "$ROOT/$source" -o "$BUILD/$dir/$(echo "$source" | tr / _).o"
-}
-pids=()
-compile cc/blob/blob.cc & pids+=($!)
-for source in cc/engines/engine.cc cc/runtime/caller_stream.cc cc/runtime/host_device_ops.cc \
-              cc/runtime/cuda_device_ops.cc cc/runtime/delegate.cc cc/runtime/backend.cc \
-              cc/runtime/binding_trace.cc cc/kvcache/kv_cache.cc cc/kvcache/registry.cc cc/kvcache/c_api.cc \
-              tools/gpu/gpu_decode_check.cc tools/gpu/gpu_runtime_kv_check.cc; do
-  compile "$source" "${ET_FLAGS[@]}" & pids+=($!)
-done
-compile cc/engines/aoti/aoti_engine.cc "${TORCH_FLAGS[@]}" & pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid"; done
-TORCH_LIBS=(-ltorch -ltorch_cpu -lc10)
-for cuda_lib in torch_cuda c10_cuda; do
-  [[ -e "$TORCH/lib/lib$cuda_lib.so" ]] && TORCH_LIBS+=("-l$cuda_lib")
-done
+mkdir -p "$LOGS"
+source "$ROOT/tools/gpu/runtime_build.sh"
+prepare_build
+build_objects tools/gpu/gpu_decode_check.cc tools/gpu/gpu_runtime_kv_check.cc
 for check in gpu_decode_check gpu_runtime_kv_check; do
-  g++ -o "$BUILD/$check" "$BUILD/main/tools_gpu_$check.cc.o" "$BUILD"/obj/*.o \
-    "-L$ET/lib" -lexecutorch "-L$TORCH/lib" -Wl,--no-as-needed "${TORCH_LIBS[@]}" -Wl,--as-needed \
-    "-L$CUDA_HOME/lib64" -lcudart "-Wl,-rpath,$ET/lib:$TORCH/lib:$CUDA_HOME/lib64"
-  echo "built $BUILD/$check"
+  link_program "$check" "$BUILD/obj/tools_gpu_$check.cc.o" -lexecutorch
 done
 [[ "${GPU_CHECK_BUILD_ONLY:-0}" == 1 ]] && exit 0
 

@@ -20,25 +20,10 @@ ROOT=$(cd "$(dirname "$0")/../.." && pwd)
 BUILD=${KV_GPU_DIR:-/tmp/zerokv_kv_decode_gpu}
 LOGS=${OUT:-$BUILD/logs}
 PYTHON=${PYTHON:-python3}
-CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 CONTEXTS=${KV_BENCH_CONTEXTS:-}
-rm -rf "$BUILD/obj"
-mkdir -p "$BUILD/obj" "$BUILD/gen/cc/blob" "$BUILD/py" "$LOGS"
-
-echo "== ExecuTorch SDK and Python package from the wheel"
-WHEEL=$(ls "$ROOT"/.whl/executorch-1.5.1-*.whl | head -1)
-"$PYTHON" - "$WHEEL" "$BUILD/et" <<'UNPACK'
-import sys, zipfile
-wheel = zipfile.ZipFile(sys.argv[1])
-wheel.extractall(sys.argv[2], [n for n in wheel.namelist()
-                               if n.startswith("executorch/include/") or n.startswith("executorch/lib/lib")])
-UNPACK
-ET=$BUILD/et/executorch
-TORCH=$("$PYTHON" -c "import os, torch; print(os.path.dirname(torch.__file__))")
-ABI=$("$PYTHON" -c "import torch; print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
-(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --cpp "$BUILD/gen/cc/blob/blob_format.h")
-rm -rf "$BUILD/py/zerokv" && cp -r "$ROOT/py/zerokv" "$BUILD/py/zerokv"
-(cd "$ROOT" && "$PYTHON" -m tools.blob_schema.generate --python "$BUILD/py/zerokv/blob/format_generated.py")
+mkdir -p "$LOGS"
+source "$ROOT/tools/gpu/runtime_build.sh"
+prepare_build
 
 export_programs() {
   if ! "$PYTHON" -c "import executorch.exir" 2>/dev/null; then
@@ -56,38 +41,10 @@ if [[ "${KV_GPU_BUILD_ONLY:-0}" != 1 ]]; then
   export_programs & export_pid=$!
 fi
 
-echo "== build"
-COMMON=(-std=c++17 -O2 -g -fPIC "-D_GLIBCXX_USE_CXX11_ABI=$ABI" -DZEROKV_WITH_CUDA
-        "-I$ROOT" "-I$BUILD/gen" "-I$CUDA_HOME/include")
-ET_FLAGS=(-DC10_USING_CUSTOM_GENERATED_MACROS -DET_EVENT_TRACER_ENABLED "-I$ET/include"
-          "-I$ET/include/executorch/runtime/core/portable_type/c10")
-# The AOTI engine sees torch's c10, never ExecuTorch's portable copy of it.
-TORCH_FLAGS=("-I$TORCH/include" "-I$TORCH/include/torch/csrc/api/include" "-I$ET/include")
-compile() {  # compile SOURCE FLAGS...
-  local source=$1; shift
-  g++ "${COMMON[@]}" "$@" -c "$ROOT/$source" -o "$BUILD/obj/$(echo "$source" | tr / _).o"
-}
-pids=()
-compile cc/blob/blob.cc & pids+=($!)
-for source in cc/engines/engine.cc cc/runtime/caller_stream.cc cc/runtime/host_device_ops.cc \
-              cc/runtime/cuda_device_ops.cc cc/runtime/delegate.cc cc/runtime/backend.cc \
-              cc/runtime/binding_trace.cc cc/kvcache/kv_cache.cc cc/kvcache/registry.cc cc/kvcache/c_api.cc \
-              cc/runtime/device_allocators/copy_counters.cc cc/runtime/device_allocators/cuda_device_allocator.cc \
-              tools/gpu/kv_decode_gpu.cc; do
-  compile "$source" "${ET_FLAGS[@]}" & pids+=($!)
-done
-compile cc/engines/aoti/aoti_engine.cc "${TORCH_FLAGS[@]}" & pids+=($!)
-for pid in "${pids[@]}"; do wait "$pid"; done
-TORCH_LIBS=(-ltorch -ltorch_cpu -lc10)
-for cuda_lib in torch_cuda c10_cuda; do
-  [[ -e "$TORCH/lib/lib$cuda_lib.so" ]] && TORCH_LIBS+=("-l$cuda_lib")
-done
-# --no-as-needed: the kernels and the engines register themselves at load; nothing names them.
-g++ -o "$BUILD/kv_decode_gpu" "$BUILD"/obj/*.o \
-  "-L$ET/lib" -Wl,--no-as-needed -lexecutorch -lexecutorch_kernels_optimized -lexecutorch_threadpool \
-  "-L$TORCH/lib" "${TORCH_LIBS[@]}" -Wl,--as-needed \
-  "-L$CUDA_HOME/lib64" -lcudart "-Wl,-rpath,$ET/lib:$TORCH/lib:$CUDA_HOME/lib64"
-echo "built $BUILD/kv_decode_gpu"
+build_objects cc/runtime/device_allocators/copy_counters.cc cc/runtime/device_allocators/cuda_device_allocator.cc \
+  tools/gpu/kv_decode_gpu.cc
+link_program kv_decode_gpu "$BUILD/obj/tools_gpu_kv_decode_gpu.cc.o" \
+  -lexecutorch -lexecutorch_kernels_optimized -lexecutorch_threadpool
 [[ "${KV_GPU_BUILD_ONLY:-0}" == 1 ]] && exit 0
 
 status=0
