@@ -16,7 +16,7 @@
 #include "cc/runtime/backend.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
-#include "cc/runtime/testing/host_cuda_allocator.h"
+#include "cc/runtime/testing/binding_recorder.h"
 
 namespace zerokv::runtime {
 namespace {

@@ -12,9 +12,9 @@ from zerokv.tensorrt import testing_models as tm
 TESTING = ctypes.CDLL(os.environ["ZEROKV_BACKEND_TESTING_SO"], os.RTLD_GLOBAL)
 TESTING.zerokv_testing_bound_address.restype = ctypes.c_void_p
 TESTING.zerokv_testing_bound_address.argtypes = [ctypes.c_char_p]
-TESTING.zerokv_testing_in_device_planned_memory.argtypes = [ctypes.c_void_p]
-TESTING.zerokv_testing_host_to_device_bytes.restype = ctypes.c_size_t
-TESTING.zerokv_testing_device_to_host_bytes.restype = ctypes.c_size_t
+TESTING.zerokv_in_host_device_planned_memory.argtypes = [ctypes.c_void_p]
+TESTING.zerokv_host_to_device_bytes.restype = ctypes.c_uint64
+TESTING.zerokv_device_to_host_bytes.restype = ctypes.c_uint64
 from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
 
 PROGRAMS = {"zero_copy": os.environ["ZERO_COPY_PTE"], "staged": os.environ["STAGED_PTE"]}
@@ -54,9 +54,9 @@ CACHE_BYTES = tm.HEADS * tm.MAX_SEQ * tm.HEAD_DIM * 4  # one float32 [1, heads, 
 
 
 def _copied_bytes(method, position):
-    before = TESTING.zerokv_testing_host_to_device_bytes() + TESTING.zerokv_testing_device_to_host_bytes()
+    before = TESTING.zerokv_host_to_device_bytes() + TESTING.zerokv_device_to_host_bytes()
     method.execute([STEPS[position], torch.tensor([position])])
-    return TESTING.zerokv_testing_host_to_device_bytes() + TESTING.zerokv_testing_device_to_host_bytes() - before
+    return TESTING.zerokv_host_to_device_bytes() + TESTING.zerokv_device_to_host_bytes() - before
 
 
 def test_zero_copy_step_copies_no_cache_while_staged_copies_each_cache_twice():
@@ -71,4 +71,4 @@ def test_the_engine_writes_through_the_device_planned_cache():
     for cache in ("b_layer_k_cache", "b_layer_v_cache"):
         written = TESTING.zerokv_testing_bound_address(f"{cache}_out".encode())
         assert written and written == TESTING.zerokv_testing_bound_address(cache.encode())
-        assert TESTING.zerokv_testing_in_device_planned_memory(written) == 1, f"{cache} is not in the planned arena"
+        assert TESTING.zerokv_in_host_device_planned_memory(written) == 1, f"{cache} is not in the planned arena"
