@@ -7,14 +7,9 @@ stores into the input's own buffer, so the C++ engine, which wraps the caller's 
 cache. In the binding table the update is an OUTPUT binding named `<input>_out` that aliases the
 input (AliasedIO kind KV_CACHE_UPDATE); it is the aliased output that the blob may record as elided.
 
-Two forms are accepted:
-  * a program whose graph mutates the input (torch.export records USER_INPUT_MUTATION once
-    functionalized) - the natural export of a decode step;
-  * a functional partition that *returns* the updated cache (`out_i = index_copy(k_cache, ...)`, as
-    ExecuTorch hands a delegate a mutated buffer that stays above it): name those outputs in
-    `aliased_outputs={i: "k_cache"}` and they are rewritten to the in-place form. Only
-    index_copy/index_put producers are rewritten: anything else would need a cache-sized copy inside
-    the engine, and is refused rather than hidden.
+The program's graph mutates the input (torch.export records USER_INPUT_MUTATION once
+functionalized): the natural export of a decode step, and what zerokv.executorch's engine_program
+makes of a delegate whose caches were promised in-place writes.
 
 Engine binding order: inputs in the graph's placeholder order, then the aliased outputs (in the
 order torch.export lists the mutations), then the returned outputs. The same table goes into the
@@ -25,7 +20,7 @@ engine reports back so the runtime can check the blob against it.
 import dataclasses
 import os
 import tempfile
-from typing import Mapping, Optional, Sequence, Union
+from typing import Optional, Sequence, Union
 
 import torch
 from torch.export import ExportedProgram
@@ -46,13 +41,6 @@ BLOB_DTYPES = {
     torch.bool: blob.DType.BOOL,
 }
 
-# Functional KV writes and their in-place forms, which AOTInductor stores into the input's buffer.
-_IN_PLACE = {
-    "index_copy": torch.ops.aten.index_copy_.default,
-    "index_put": torch.ops.aten.index_put_.default,
-}
-
-
 @dataclasses.dataclass
 class EngineBuild:
     """What `preprocess` puts in a blob of engine kind AOTI."""
@@ -67,14 +55,11 @@ def compile_aoti(
     example_inputs: Sequence[torch.Tensor],
     device: str,
     *,
-    aliased_outputs: Optional[Mapping[int, str]] = None,
     binding_device: Optional[blob.Device] = None,
     dynamic_shapes=None,
 ) -> EngineBuild:
     """Compiles `program` with AOTInductor for `device` ("cpu" or "cuda[:N]").
 
-    aliased_outputs: output index -> input placeholder name, for a functional partition that
-        returns updated caches (see the module docstring).
     binding_device: where the delegate's buffers are planned (the blob's IOBinding.device); CUDA
         for a cuda device, else CPU. A CPU engine serving a delegate tagged target_device=cuda:0
         (planned in device memory) passes blob.Device.CUDA.
@@ -84,13 +69,10 @@ def compile_aoti(
         raise ValueError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
     example_inputs = tuple(t.to(torch_device) for t in example_inputs)
     if isinstance(program, ExportedProgram):
-        if aliased_outputs:
-            program = _export(_rewrite_in_place(program.module(), aliased_outputs), example_inputs, dynamic_shapes)
-        elif torch_device.type == "cuda":
+        if torch_device.type == "cuda":
             program = move_to_device_pass(program, torch_device)
     else:
-        module = _rewrite_in_place(program, aliased_outputs) if aliased_outputs else program
-        program = _export(module.to(torch_device), example_inputs, dynamic_shapes)
+        program = _export(program.to(torch_device), example_inputs, dynamic_shapes)
 
     bindings, aliased_io = _binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
@@ -113,51 +95,6 @@ def compile_aoti(
 
 def _export(module, example_inputs, dynamic_shapes):
     return torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
-
-
-def _rewrite_in_place(module: torch.nn.Module, aliased_outputs: Mapping[int, str]) -> torch.fx.GraphModule:
-    """Turns `return (..., index_copy(k, ...), ...)` into `k.index_copy_(...)`, dropping the output."""
-    if not isinstance(module, torch.fx.GraphModule):
-        raise TypeError("aliased_outputs rewrites a graph: pass an ExportedProgram or a GraphModule")
-    graph = module.graph
-    placeholders = {node.name: node for node in graph.nodes if node.op == "placeholder"}
-    output_node = graph.output_node()
-    outputs = list(output_node.args[0])
-    for index, input_name in aliased_outputs.items():
-        if not 0 <= index < len(outputs):
-            raise ValueError(f"aliased_outputs names output {index}, but the graph has {len(outputs)} outputs")
-        if input_name not in placeholders:
-            raise ValueError(f"aliased_outputs names input {input_name!r}, which is not a placeholder")
-        producer = outputs[index]
-        kind = _functional_write_kind(producer)
-        if kind is None or producer.args[0] is not placeholders[input_name]:
-            raise ValueError(
-                f"output {index} is not an index_copy/index_put of input {input_name!r}: writing it in place "
-                "would need a cache-sized copy inside the engine"
-            )
-        # Reads of the *updated* value stay correct in place; a read of the original input placed
-        # after the write would see the update instead, so that is refused.
-        order = {node: position for position, node in enumerate(graph.nodes)}
-        late_reads = [user for user in placeholders[input_name].users if user is not producer and order[user] > order[producer]]
-        if late_reads:
-            raise ValueError(
-                f"input {input_name!r} is read by {late_reads[0].name} after output {index} updates it: "
-                "in place, that read would see the update"
-            )
-        producer.target = _IN_PLACE[kind]
-    output_node.args = (tuple(o for i, o in enumerate(outputs) if i not in aliased_outputs),)
-    # The module's pytree signature named the dropped outputs: go back to flat inputs and a tuple.
-    graph.set_codegen(torch.fx.graph.CodeGen())
-    graph.lint()
-    module.recompile()
-    return module
-
-
-def _functional_write_kind(node) -> Optional[str]:
-    if not isinstance(node, torch.fx.Node) or node.op != "call_function":
-        return None
-    name = str(getattr(node.target, "_name", node.target)).split("::")[-1].split(".")[0]
-    return name if name in _IN_PLACE else None
 
 
 def _binding_table(program: ExportedProgram, binding_device: blob.Device):
