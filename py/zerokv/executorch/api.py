@@ -78,6 +78,12 @@ def export(
     """
     if isinstance(programs, torch.export.ExportedProgram):
         programs = {"forward": programs}
+    if not isinstance(programs, dict) or not programs:
+        raise TypeError(f"programs: expected an ExportedProgram or a non-empty {{method: ExportedProgram}}, "
+                        f"got {type(programs).__name__}")
+    for method, program in programs.items():
+        if not isinstance(program, torch.export.ExportedProgram):
+            raise TypeError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}

@@ -46,8 +46,14 @@ class KVCacheLayer:
     def __post_init__(self):
         if self.policy not in ("flat", "ring"):
             raise RuntimeKVError(f"layer {self.k_input}/{self.v_input}: policy {self.policy!r} is not 'flat' or 'ring'")
+        name = f"layer {self.k_input}/{self.v_input}"
         if self.policy == "ring" and self.window <= 0:
-            raise RuntimeKVError(f"layer {self.k_input}/{self.v_input}: a ring cache needs a window")
+            raise RuntimeKVError(f"{name}: a ring cache needs a window")
+        if self.policy == "ring" and self.window > self.max_capacity:
+            raise RuntimeKVError(f"{name}: window {self.window} exceeds max_capacity {self.max_capacity}")
+        if not 0 < self.initial_capacity <= self.max_capacity:
+            raise RuntimeKVError(
+                f"{name}: needs 0 < initial_capacity ({self.initial_capacity}) <= max_capacity ({self.max_capacity})")
 
 
 @dataclasses.dataclass(frozen=True)
