@@ -21,7 +21,11 @@ from torch import fx
 from zerokv import blob
 from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
 
-_TO_DIM_ORDER_COPY = torch.ops.dim_order_ops._to_dim_order_copy.default
+# Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
+DIM_ORDER_OPS = {
+    torch.ops.dim_order_ops._to_dim_order_copy.default: torch.ops.aten._to_copy.default,
+    torch.ops.dim_order_ops._clone_dim_order.default: torch.ops.aten.clone.default,
+}
 
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
 
@@ -59,8 +63,8 @@ def aten_target(node: fx.Node):
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         target = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
-    if target is _TO_DIM_ORDER_COPY:
-        return _aten._to_copy.default
+    if target in DIM_ORDER_OPS:
+        return DIM_ORDER_OPS[target]
     return _VIEW_OF_COPY.get(target, target)
 
 

@@ -294,3 +294,13 @@ def test_bad_arguments_are_refused_naming_what_is_wrong():
         zx.export(_decoder_program(), engine="tensorrt", device="cpu")
     with pytest.raises(zx.RuntimeKVError, match="needs 0 < initial_capacity"):
         zx.KVCacheLayer("k", "v", max_capacity=8, initial_capacity=16)
+
+
+def test_a_constant_ascending_index_is_written_in_place():
+    # torch.tensor([9, 10, 11]) is a lifted constant that Edge clones with _clone_dim_order: the
+    # verdict taken before partitioning (contiguous) must hold for the delegate's engine too.
+    constant = lambda length, offset: torch.tensor([9, 10, 11])  # noqa: E731
+    manager = zx.export(_decoder_program(constant, length=3), engine="tensorrt")
+    _assert_caches_zero_copy(manager)
+    ((_, parsed),) = _zero_copy_delegates(manager)
+    assert {a.input for a in parsed.metadata.aliased_io} == {"b_layer_k_cache", "b_layer_v_cache"}
