@@ -99,7 +99,8 @@ def export(
         prepared[method] = program
     partitioners = {
         method: [
-            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program)),
+            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
+                              program.range_constraints),
             *(KeepingZeroKVOps(other) for other in other_partitioners),
         ]
         for method, program in prepared.items()

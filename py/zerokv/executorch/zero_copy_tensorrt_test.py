@@ -15,6 +15,7 @@ from torch.export.graph_signature import OutputKind
 import zerokv.executorch as zx
 from zerokv import blob
 from zerokv.executorch.zero_copy import delegate_nodes
+from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
 
 H2D = torch.ops.et_copy._h2d_copy.out
@@ -304,3 +305,18 @@ def test_a_constant_ascending_index_is_written_in_place():
     _assert_caches_zero_copy(manager)
     ((_, parsed),) = _zero_copy_delegates(manager)
     assert {a.input for a in parsed.metadata.aliased_io} == {"b_layer_k_cache", "b_layer_v_cache"}
+
+
+@pytest.mark.parametrize("profiles", [decode_and_prefill_profiles("input_ids", 1, max_prefill=16), None],
+                         ids=["decode_and_prefill_profiles", "the_export_range"])
+def test_one_engine_serves_every_query_length_the_export_allows(profiles):
+    # The seed's engine: one plan whose profiles cover decode (1 token) and prefill (up to 16), every
+    # cache aliased in it. Without profiles, its one profile spans the export's range: 1..16 too.
+    program = tm.export_decoder(tm.TinyDecoder(tm.arange_plus_offset), 4, torch.tensor([0]), dynamic_length=True,
+                                max_length=16)
+    manager = zx.export(program, engine="tensorrt", engine_options={"profiles": profiles} if profiles else None)
+    _assert_caches_zero_copy(manager)
+    ((_, parsed),) = _zero_copy_delegates(manager)
+    assert {a.input for a in parsed.metadata.aliased_io} == {"b_layer_k_cache", "b_layer_v_cache"}
+    (input_ids,) = [b for b in parsed.metadata.bindings if b.name == "input_ids"]
+    assert [(d.min, d.max) for d in input_ids.shape] == [(1, 1), (1, 16)]
