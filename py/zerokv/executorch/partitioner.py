@@ -96,8 +96,8 @@ def _restore_export_ranges(exported_program, export_ranges):
 
     ExecuTorch recomputes an Edge program's range constraints from the shape environment, where a
     size is at least 2 (0 and 1 are specialised): a query length exported as 1..16 comes out 2..16,
-    and an engine built over that (its profiles, AOTInductor's input checks) refuses a one-token
-    decode. Each delegate's program copies these constraints when it is cut from the method's.
+    and an engine built over that (a TensorRT profile) refuses a one-token decode. Each delegate's
+    program copies these constraints when it is cut from the method's.
     """
     ranges = exported_program.range_constraints
     for symbol in ranges.keys() & export_ranges.keys():
