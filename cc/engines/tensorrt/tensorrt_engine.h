@@ -1,7 +1,16 @@
-// The TensorRT engine kind: a thin adapter over the TensorRT C++ runtime API. The blob's payload
-// is a serialized engine (plan); bindings, shapes and aliases are TensorRT's own:
+// The TensorRT engine kind: a thin adapter over the TensorRT C++ runtime API (TensorRT 10.15 or
+// newer, checked when it compiles). The blob's payload is a serialized engine (plan); bindings,
+// shapes and aliases are TensorRT's own:
 //   deserializeCudaEngine, getIOTensorName/getTensorIOMode/getTensorDataType,
-//   getAliasedInputTensor, setInputShape, setTensorAddress, enqueueV3, getTensorShape.
+//   getAliasedInputTensor, setOptimizationProfileAsync, setInputShape, setTensorAddress,
+//   enqueueV3, getTensorShape.
+//
+// Load refuses a plan with a binding that is not device-resident and linear. Each run selects the
+// optimization profile that admits every input's shape (a decode + prefill plan runs either), and
+// is refused, naming the binding, for an address not aligned to 256 bytes, an output larger than
+// its buffer or with a data-dependent shape. TensorRT's own error messages end up in the Status.
+// The blob's device is made current for the run and for the destruction, and the caller's given
+// back after.
 //
 // Built only under --config=tensorrt with a TensorRT SDK ($TENSORRT_HOME); see README.md for what
 // has been built and run. Linking //cc/engines/tensorrt:tensorrt_engine (alwayslink) registers the

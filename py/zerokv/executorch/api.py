@@ -20,7 +20,7 @@ from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_
 from torch._decomp import core_aten_decompositions
 
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import PRESERVED_OPS, engine_named
+from zerokv.executorch.engines import PRESERVED_OPS, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
@@ -99,7 +99,8 @@ def export(
         prepared[method] = program
     partitioners = {
         method: [
-            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program)),
+            ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
+                              program.range_constraints),
             *(KeepingZeroKVOps(other) for other in other_partitioners),
         ]
         for method, program in prepared.items()
@@ -110,7 +111,7 @@ def export(
         if zero_copy_kv:
             verify_lowered_method(edge.exported_program(method).graph_module, method)
 
-    base = backend_config or ExecutorchBackendConfig()
+    base = planned_for(adapter, backend_config or ExecutorchBackendConfig(), prepared)
     repointed = any(ALIASED_BUFFER in node.meta for program in prepared.values()
                     for node in program.graph.find_nodes(op="placeholder"))
     if not zero_copy_kv or (runtime_kv and not repointed):

@@ -17,7 +17,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.executorch.engines import EngineBuildError, aten_target, is_kv_write, value_readers
+from zerokv.executorch.engines import DIM_ORDER_OPS, EngineBuildError, aten_target, is_kv_write, value_readers
 
 _IN_PLACE = {
     torch.ops.aten.index_copy.default: torch.ops.aten.index_copy_.default,
@@ -26,7 +26,8 @@ _IN_PLACE = {
 
 
 def _drop_dim_order(node: fx.Node, delegate: str):
-    """ExecuTorch's dim-order copy became ATen's _to_copy; only the contiguous order has a meaning."""
+    """ExecuTorch's dim-order copies became ATen's _to_copy and clone; only the contiguous order has
+    a meaning."""
     dim_order = node.kwargs.get("dim_order")
     if dim_order is not None and list(dim_order) != list(range(node.meta["val"].dim())):
         raise EngineBuildError(f"{delegate}: {node.name} asks for dim order {dim_order}; engines take contiguous tensors")
@@ -113,9 +114,15 @@ def _with_constants_as_attributes(program: torch.export.ExportedProgram) -> fx.G
         else:
             value = program.constants[spec.target]
         attribute = f"_zerokv_constant_{index}"
-        graph_module.register_buffer(attribute, value.detach().clone() if isinstance(value, torch.Tensor) else value)
+        value = value.detach().clone() if isinstance(value, torch.Tensor) else value
+        if spec.kind == InputKind.CONSTANT_TENSOR:
+            # A plain attribute, which torch.export lifts as a constant again. As a buffer it could
+            # be written between calls, and a KV write's index read from it would prove nothing.
+            setattr(graph_module, attribute, value)
+        else:
+            graph_module.register_buffer(attribute, value)
         with graph.inserting_before(first_op):
-            fetched = graph.get_attr(attribute)
+            fetched = graph.create_node("get_attr", attribute)  # graph.get_attr warns on a plain attribute
         node = placeholders[spec.arg.name]
         fetched.meta = dict(node.meta)
         node.replace_all_uses_with(fetched)
@@ -130,7 +137,7 @@ def engine_program(program: torch.export.ExportedProgram, aliased_inputs, delega
     for node in graph_module.graph.nodes:
         if node.op == "call_function":
             node.target = aten_target(node)
-            if node.target is torch.ops.aten._to_copy.default:
+            if node.target in DIM_ORDER_OPS.values():
                 _drop_dim_order(node, delegate)
     _rewrite_in_place(graph_module, aliased_inputs, delegate)
     graph_module.graph.eliminate_dead_code()

@@ -12,6 +12,9 @@ aliased; zero_copy.py checks the two agree and refuses the export when they do n
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+import math
 import operator
 
 import executorch.exir  # noqa: F401  (registers the dim_order_ops the Edge dialect uses)
@@ -21,7 +24,11 @@ from torch import fx
 from zerokv import blob
 from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
 
-_TO_DIM_ORDER_COPY = torch.ops.dim_order_ops._to_dim_order_copy.default
+# Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
+DIM_ORDER_OPS = {
+    torch.ops.dim_order_ops._to_dim_order_copy.default: torch.ops.aten._to_copy.default,
+    torch.ops.dim_order_ops._clone_dim_order.default: torch.ops.aten.clone.default,
+}
 
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
 
@@ -59,8 +66,8 @@ def aten_target(node: fx.Node):
     target = node.target
     if not isinstance(target, torch._ops.OpOverload):
         target = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
-    if target is _TO_DIM_ORDER_COPY:
-        return _aten._to_copy.default
+    if target in DIM_ORDER_OPS:
+        return DIM_ORDER_OPS[target]
     return _VIEW_OF_COPY.get(target, target)
 
 
@@ -103,6 +110,7 @@ class AotiEngine:
     """
 
     kind = blob.EngineKind.AOTI
+    binding_alignment = None  # ExecuTorch's own planning alignment serves it
 
     def __init__(self, compile_device=None):
         from zerokv.executorch import aoti_engine
@@ -129,6 +137,9 @@ class TensorRTEngine:
     """
 
     kind = blob.EngineKind.TENSORRT
+    # IExecutionContext::setTensorAddress takes only 256-byte aligned addresses; the runtime adapter
+    # refuses others (cc/engines/tensorrt/binding_checks.h).
+    binding_alignment = 256
 
     def __init__(self, profiles=None):
         self.profiles = profiles
@@ -151,6 +162,35 @@ class TensorRTEngine:
         from zerokv.executorch import tensorrt_engine
 
         return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
+
+
+def planned_for(engine, config, methods):
+    """`config` with the memory of `methods` planned at `engine.binding_alignment`.
+
+    A copy: the caller's config and planners, and ExecuTorch's default planner (one object shared by
+    every ExecutorchBackendConfig), are left as they are. A planner without an `alignment` is kept;
+    the runtime then refuses a misaligned binding by name.
+    """
+    alignment = engine.binding_alignment
+    if alignment is None:
+        return config
+
+    def aligned(planner):
+        current = getattr(planner, "alignment", None)
+        if current is None or current % alignment == 0:
+            return planner
+        planner = copy.copy(planner)
+        planner.alignment = math.lcm(current, alignment)
+        return planner
+
+    planners = config.memory_planning_pass
+    if isinstance(planners, dict):
+        # ExecuTorch plans a method missing from the dict with its default planner.
+        default = type(config)().memory_planning_pass
+        planners = {method: aligned(planners.get(method, default)) for method in {*planners, *methods}}
+    else:
+        planners = aligned(planners)
+    return dataclasses.replace(config, memory_planning_pass=planners)
 
 
 def engine_named(name: str, **options):

@@ -48,14 +48,17 @@ class ZeroKVPartitioner(Partitioner):
       placeholder_marks: {placeholder name: {meta key: value}} set on the method's placeholders
         before tagging: how zerokv.export's marks (caches promised in-place writes, runtime-owned
         caches) reach `preprocess`, since ExecuTorch's re-tracing drops user inputs' meta.
+      export_ranges: the range constraints of the method's torch.export program, which the Edge
+        program narrows (see _restore_export_ranges); the delegates' engines are built over these.
     """
 
     def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None,
-                 placeholder_marks=None):
+                 placeholder_marks=None, export_ranges=None):
         specs.parse_device(device)
         self.engine_name = engine
         self.engine = engine_named(engine, **(engine_options or {}))
         self.placeholder_marks = placeholder_marks or {}
+        self.export_ranges = export_ranges or {}
         self.delegation_spec = DelegationSpec(
             BACKEND_ID,
             [
@@ -74,6 +77,7 @@ class ZeroKVPartitioner(Partitioner):
         graph_module = exported_program.graph_module
         for node in graph_module.graph.find_nodes(op="placeholder"):
             node.meta.update(self.placeholder_marks.get(node.name, {}))
+        _restore_export_ranges(exported_program, self.export_ranges)
         partitions = CapabilityBasedPartitioner(
             graph_module, _EngineSupport(self.engine), allows_single_node_partition=True
         ).propose_partitions()
@@ -85,6 +89,19 @@ class ZeroKVPartitioner(Partitioner):
             tags[tag] = self.delegation_spec
         tag_constant_data(exported_program)
         return PartitionResult(tagged_exported_program=exported_program, partition_tags=tags)
+
+
+def _restore_export_ranges(exported_program, export_ranges):
+    """Gives the Edge program back the dimension ranges torch.export verified its program over.
+
+    ExecuTorch recomputes an Edge program's range constraints from the shape environment, where a
+    size is at least 2 (0 and 1 are specialised): a query length exported as 1..16 comes out 2..16,
+    and an engine built over that (a TensorRT profile) refuses a one-token decode. Each delegate's
+    program copies these constraints when it is cut from the method's.
+    """
+    ranges = exported_program.range_constraints
+    for symbol in ranges.keys() & export_ranges.keys():
+        ranges[symbol] = export_ranges[symbol]
 
 
 class KeepingZeroKVOps(Partitioner):
