@@ -8,10 +8,6 @@
 namespace zerokv::blob {
 namespace {
 
-Error Refuse(ErrorCode code, const std::string& field, const std::string& detail) {
-  return Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
-}
-
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
 std::string Range(uint64_t offset, uint64_t size) {
@@ -48,9 +44,6 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
                         "-byte blob");
     }
   }
-  if (header.payload_size == 0) {
-    return Refuse(ErrorCode::kOutOfRange, "header.payload_size", "the engine payload is empty");
-  }
   for (const Section& section : sections) {
     if (section.offset < kHeaderSize && section.size > 0) {
       return Refuse(ErrorCode::kOverlap, std::string("header.") + section.name + "_offset",
@@ -67,6 +60,47 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
   if (payload.offset % kPayloadAlignment != 0) {
     return Refuse(ErrorCode::kMisalignedPayload, "header.payload_offset",
                   std::to_string(payload.offset) + " is not a multiple of " + std::to_string(kPayloadAlignment));
+  }
+  return std::nullopt;
+}
+
+// The engine is the payload or a named data entry, never both; constants are placeable.
+std::optional<Error> ValidateNamedData(const Metadata& metadata, uint64_t payload_size) {
+  if (payload_size == 0 && metadata.engine_key.empty()) {
+    return Refuse(ErrorCode::kOutOfRange, "header.payload_size",
+                  "the engine payload is empty and metadata.engine_key names no named data entry");
+  }
+  if (payload_size != 0 && !metadata.engine_key.empty()) {
+    return Refuse(ErrorCode::kBadNamedData, "metadata.engine_key",
+                  Quote(metadata.engine_key) + ", but the engine is also the " + std::to_string(payload_size) +
+                      "-byte payload");
+  }
+  std::unordered_set<std::string> names;
+  for (size_t i = 0; i < metadata.constants.size(); ++i) {
+    const Constant& constant = metadata.constants[i];
+    const std::string field = "metadata.constants[" + std::to_string(i) + "]";
+    if (!names.insert(constant.name).second) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".name", Quote(constant.name) + " is already a constant");
+    }
+    if (constant.strides.size() != constant.sizes.size()) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".strides",
+                    std::to_string(constant.strides.size()) + " strides for the " +
+                        std::to_string(constant.sizes.size()) + " sizes of " + Quote(constant.name));
+    }
+    const std::pair<const char*, const std::vector<int64_t>*> roles[] = {{"sizes", &constant.sizes},
+                                                                         {"strides", &constant.strides}};
+    for (const auto& [role, extents] : roles) {
+      for (size_t d = 0; d < extents->size(); ++d) {
+        if ((*extents)[d] < 0) {
+          return Refuse(ErrorCode::kBadNamedData, field + "." + role + "[" + std::to_string(d) + "]",
+                        std::to_string((*extents)[d]) + " is negative in " + Quote(constant.name));
+        }
+      }
+    }
+    if (constant.storage_offset < 0) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".storage_offset",
+                    std::to_string(constant.storage_offset) + " is negative in " + Quote(constant.name));
+    }
   }
   return std::nullopt;
 }
@@ -262,7 +296,11 @@ std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob) {
   if (!ReadHeader(data, size, &header, &error)) return error;
   if ((error = ValidateHeader(header, size))) return error;
   Metadata metadata;
-  if (!DecodeMetadata(data + header.metadata_offset, header.metadata_size, &metadata, &error)) return error;
+  if (!DecodeMetadata(data + header.metadata_offset, header.metadata_size, header.format_version, &metadata,
+                      &error)) {
+    return error;
+  }
+  if ((error = ValidateNamedData(metadata, header.payload_size))) return error;
   if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided))) return error;
   blob->engine_kind = header.engine_kind;
   blob->device_id = header.device_id;
@@ -270,17 +308,18 @@ std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob) {
   blob->metadata = std::move(metadata);
   blob->payload = data + header.payload_offset;
   blob->payload_size = header.payload_size;
+  blob->format_version = header.format_version;
   return std::nullopt;
 }
 
 std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
-  Writer metadata_writer;
-  WriteMetadata(metadata_writer, blob.metadata);
-  const std::vector<uint8_t>& metadata = metadata_writer.bytes();
+  std::vector<uint8_t> metadata;
+  std::optional<Error> error;
+  if (!EncodeMetadata(blob.metadata, blob.format_version, &metadata, &error)) return error;
 
   Header header;
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.format_version = kFormatVersion;
+  header.format_version = blob.format_version;
   header.header_size = kHeaderSize;
   header.engine_kind = blob.engine_kind;
   header.aliased_outputs_elided = blob.aliased_outputs_elided;
@@ -290,8 +329,9 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   header.payload_offset = (kHeaderSize + metadata.size() + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment;
   header.payload_size = blob.payload_size;
   header.blob_size = header.payload_offset + blob.payload_size;
-  if (std::optional<Error> error = ValidateHeader(header, header.blob_size)) return error;
-  if (std::optional<Error> error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided)) return error;
+  if ((error = ValidateHeader(header, header.blob_size))) return error;
+  if ((error = ValidateNamedData(blob.metadata, header.payload_size))) return error;
+  if ((error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided))) return error;
 
   Writer writer;
   WriteHeader(writer, header);

@@ -4,8 +4,9 @@
     generate.py --cpp OUT.h       the structural codec of cc/blob (blob_format.h)
 
 Both emit the same things: the constants, enums and error codes; one record type per struct; a
-bounds-checked reader and a writer per struct; the fixed header. The semantic rules that tie fields
-together (duplicate names, aliases, elision, the KV manifest) live in each language's blob module.
+bounds-checked reader and a writer per struct that take the format version (schema.py says how the
+versions' layouts differ); the fixed header. The semantic rules that tie fields together (duplicate
+names, aliases, elision, the KV manifest) live in each language's blob module.
 """
 
 import argparse
@@ -37,7 +38,29 @@ def _is_list(field_type):
     return isinstance(field_type, tuple) and field_type[0] == "list"
 
 
-def _min_size(field_type):
+def _fields(struct_name):
+    """(name, type, added) of each field of a struct; added is (version, default) or None."""
+    fields = []
+    for name, field_type, *marks in dict(schema.STRUCTS)[struct_name]:
+        fields.append((name, field_type, marks[0][1:] if marks else None))
+    return fields
+
+
+def _check_schema():
+    """Added fields end their structs, so that each older layout is a prefix of the newer ones."""
+    for struct_name, _ in schema.STRUCTS:
+        seen_added = False
+        for name, _, added in _fields(struct_name):
+            if added is None:
+                assert not seen_added, f"{struct_name}.{name} follows an added() field"
+                continue
+            seen_added = True
+            version, default = added
+            assert schema.EXTENSIBLE_SINCE <= version <= schema.FORMAT_VERSION, f"{struct_name}.{name}: version {version}"
+            assert default in ("", [], 0, False), f"{struct_name}.{name}: default {default!r} is not zero-like"
+
+
+def _min_size(field_type, extensible):
     """Fewest bytes a value of this type can take: bounds list counts before allocating."""
     if _is_enum(field_type):
         return 1
@@ -45,7 +68,18 @@ def _min_size(field_type):
         return 4
     if field_type in schema.SCALARS:
         return schema.SCALARS[field_type]
-    return sum(_min_size(t) for _, t in dict(schema.STRUCTS)[field_type])
+    required = sum(_min_size(t, extensible) for _, t, added in _fields(field_type) if added is None)
+    return required + 4 if extensible else required
+
+
+def _min_size_expr(field_type, cpp):
+    """The minimum size as an expression of `version`: a struct's differs between layouts."""
+    fixed, extensible = _min_size(field_type, False), _min_size(field_type, True)
+    if fixed == extensible:
+        return str(fixed)
+    if cpp:
+        return f"(version >= kExtensibleSince ? {extensible} : {fixed})"
+    return f"({extensible} if version >= EXTENSIBLE_SINCE else {fixed})"
 
 
 def _header_size():
@@ -70,6 +104,19 @@ class BlobFormatError(ValueError):
         super().__init__(f"{code.name} at {field}: {detail}")
         self.code = code
         self.field = field
+
+
+def check_version(version):
+    """`version` if this codec reads it, else BlobFormatError (UNSUPPORTED_VERSION)."""
+    if version > FORMAT_VERSION:
+        raise BlobFormatError(
+            ErrorCode.UNSUPPORTED_VERSION, "header.format_version",
+            f"the blob is format version {version}, newer than version {FORMAT_VERSION}, the newest "
+            "this zerokv reads: load it with a newer zerokv runtime")
+    if version < 1:
+        raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, "header.format_version",
+                              f"{version} is not a format version (they start at 1)")
+    return version
 
 
 class Reader:
@@ -133,6 +180,16 @@ class Reader:
     def list(self, field, element_min_size, read_element):
         return [read_element(f"{field}[{i}]") for i in range(self.count(field, element_min_size))]
 
+    def struct(self, field):
+        """A reader of the struct here (a u32 size, then its bytes); this reader moves past it."""
+        size = self.scalar("I", field + ".size")
+        if size > self.remaining():
+            raise BlobFormatError(
+                ErrorCode.TRUNCATED, field, f"its size {size} exceeds the {self.remaining()} bytes that remain")
+        inner = Reader(self.data, self.pos, self.pos + size)
+        self.pos += size
+        return inner
+
 
 class Writer:
     def __init__(self):
@@ -146,8 +203,18 @@ class Writer:
         self.scalar("I", len(raw))
         self.parts.append(raw)
 
+    def struct(self, inner):
+        value = inner.getvalue()
+        self.scalar("I", len(value))
+        self.parts.append(value)
+
     def getvalue(self):
         return b"".join(self.parts)
+
+
+def refuse_unwritable(field, version):
+    raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, field,
+                          f"holds a value, but format version {version} has no such field")
 '''
 
 
@@ -158,29 +225,31 @@ def _py_read_expr(field_type, field_expr):
         return f"reader.string({field_expr}, required={field_type[1]})"
     if _is_list(field_type):
         element = field_type[1]
-        return f"reader.list({field_expr}, {_min_size(element)}, lambda f: {_py_read_expr(element, 'f')})"
+        return (f"reader.list({field_expr}, {_min_size_expr(element, cpp=False)}, "
+                f"lambda f: {_py_read_expr(element, 'f')})")
     if field_type == "bool":
         return f"reader.boolean({field_expr})"
     if field_type in schema.SCALARS:
         return f'reader.scalar("{_STRUCT_FORMAT[field_type]}", {field_expr})'
-    return f"read_{_snake(field_type)}(reader, {field_expr})"
+    return f"read_{_snake(field_type)}(reader, {field_expr}, version)"
 
 
-def _py_write_stmt(field_type, value_expr, indent):
+def _py_write_stmt(field_type, value_expr, field_expr, indent):
     pad = " " * indent
     if _is_enum(field_type):
         return f'{pad}writer.scalar("B", int({value_expr}))\n'
     if _is_string(field_type):
         return f"{pad}writer.string({value_expr})\n"
     if _is_list(field_type):
-        var = "item" + str(indent)
+        index, item = f"i{indent}", f"item{indent}"
         return (
             f'{pad}writer.scalar("I", len({value_expr}))\n'
-            f"{pad}for {var} in {value_expr}:\n" + _py_write_stmt(field_type[1], var, indent + 4)
+            f"{pad}for {index}, {item} in enumerate({value_expr}):\n"
+            + _py_write_stmt(field_type[1], item, f'{field_expr} + f"[{{{index}}}]"', indent + 4)
         )
     if field_type in schema.SCALARS:
         return f'{pad}writer.scalar("{_STRUCT_FORMAT[field_type]}", int({value_expr}))\n'
-    return f"{pad}write_{_snake(field_type)}(writer, {value_expr})\n"
+    return f"{pad}write_{_snake(field_type)}(writer, {field_expr}, {value_expr}, version)\n"
 
 
 def _py_annotation(field_type):
@@ -196,6 +265,7 @@ def _py_annotation(field_type):
 
 
 def generate_python():
+    _check_schema()
     out = [
         '"""The zerokv blob format. GENERATED from tools/blob_schema/schema.py: do not edit."""',
         "",
@@ -205,6 +275,7 @@ def generate_python():
         "",
         f"MAGIC = {schema.MAGIC!r}",
         f"FORMAT_VERSION = {schema.FORMAT_VERSION}",
+        f"EXTENSIBLE_SINCE = {schema.EXTENSIBLE_SINCE}",
         f"PAYLOAD_ALIGNMENT = {schema.PAYLOAD_ALIGNMENT}",
         f"HEADER_SIZE = {_header_size()}",
         "",
@@ -235,9 +306,7 @@ def generate_python():
         "    values = list(_HEADER.unpack_from(data, 0))",
         "    if values[0] != MAGIC:",
         "        raise BlobFormatError(ErrorCode.BAD_MAGIC, 'header.magic', f'{values[0]!r} is not {MAGIC!r}')",
-        "    if values[1] != FORMAT_VERSION:",
-        "        raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, 'header.format_version',",
-        "                              f'version {values[1]}; this codec reads version {FORMAT_VERSION}')",
+        "    check_version(values[1])",
     ]
     for i, (name, field_type) in enumerate(schema.HEADER_FIELDS):
         if _is_enum(field_type):
@@ -261,30 +330,65 @@ def generate_python():
         "                          for v in dataclasses.astuple(header)))",
         "",
     ]
-    for name, fields in schema.STRUCTS:
+    for name, _ in schema.STRUCTS:
+        fields = _fields(name)
         out += ["", "@dataclasses.dataclass", f"class {name}:"]
-        out += [f"    {n}: {_py_annotation(t)}" for n, t in fields]
-        out += ["", "", f"def read_{_snake(name)}(reader, field):", f"    return {name}("]
-        out += [f"        {_py_read_expr(t, 'field + ' + repr('.' + n))}," for n, t in fields]
-        out += ["    )", "", "", f"def write_{_snake(name)}(writer, value):"]
-        for n, t in fields:
-            out.append(_py_write_stmt(t, f"value.{n}", 4).rstrip("\n"))
-        out.append("")
+        for n, t, added in fields:
+            if added is None:
+                out.append(f"    {n}: {_py_annotation(t)}")
+            elif added[1] == []:
+                out.append(f"    {n}: {_py_annotation(t)} = dataclasses.field(default_factory=list)")
+            else:
+                out.append(f"    {n}: {_py_annotation(t)} = {added[1]!r}")
+        out += [
+            "",
+            "",
+            f"def read_{_snake(name)}(reader, field, version):",
+            "    if version >= EXTENSIBLE_SINCE:",
+            "        reader = reader.struct(field)",
+        ]
+        for n, t, added in fields:
+            read = _py_read_expr(t, "field + " + repr("." + n))
+            if added is None:
+                out.append(f"    {n} = {read}")
+            else:
+                # Present when the struct has bytes left for it; older blobs end before it.
+                out.append(f"    {n} = {read} if version >= {added[0]} and reader.remaining() else {added[1]!r}")
+        out += [f"    return {name}(" + ", ".join(f"{n}={n}" for n, _, _ in fields) + ")"]
+        out += [
+            "",
+            "",
+            f"def write_{_snake(name)}(writer, field, value, version):",
+            "    outer = writer",
+            "    if version >= EXTENSIBLE_SINCE:",
+            "        writer = Writer()",
+        ]
+        for n, t, added in fields:
+            stmt = _py_write_stmt(t, f"value.{n}", "field + " + repr("." + n), 4).rstrip("\n")
+            if added is None:
+                out.append(stmt)
+                continue
+            out.append(f"    if version >= {added[0]}:")
+            out.append("\n".join("    " + line for line in stmt.split("\n")))
+            out.append(f"    elif value.{n} != {added[1]!r}:")
+            out.append(f"        refuse_unwritable(field + {'.' + n!r}, version)")
+        out += ["    if version >= EXTENSIBLE_SINCE:", "        outer.struct(writer)", ""]
     out += [
         "",
-        "def decode_metadata(data):",
-        '    """The Metadata struct filling all of `data`, or BlobFormatError."""',
+        "def decode_metadata(data, version):",
+        '    """The Metadata struct of format `version` filling all of `data`, or BlobFormatError."""',
         "    reader = Reader(data)",
-        "    metadata = read_metadata(reader, 'metadata')",
+        "    metadata = read_metadata(reader, 'metadata', check_version(version))",
         "    if reader.remaining():",
         "        raise BlobFormatError(ErrorCode.TRAILING_BYTES, 'metadata',",
         "                              f'{reader.remaining()} bytes follow its last field')",
         "    return metadata",
         "",
         "",
-        "def encode_metadata(metadata):",
+        "def encode_metadata(metadata, version=FORMAT_VERSION):",
+        '    """The bytes of `metadata` in format `version`, or BlobFormatError if that version cannot hold it."""',
         "    writer = Writer()",
-        "    write_metadata(writer, metadata)",
+        "    write_metadata(writer, 'metadata', metadata, check_version(version))",
         "    return writer.getvalue()",
         "",
     ]
@@ -300,19 +404,53 @@ struct Error {
   std::string message;
 };
 
-// Reads fields from [data, data + size), refusing any read past the end. The first refusal is
-// kept in error() and every later read fails.
+inline Error Refuse(ErrorCode code, const std::string& field, const std::string& detail) {
+  return Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
+}
+
+// The refusal of a format version this codec does not read, or nullopt.
+inline std::optional<Error> CheckVersion(uint16_t version) {
+  if (version > kFormatVersion) {
+    return Refuse(ErrorCode::kUnsupportedVersion, "header.format_version",
+                     "the blob is format version " + std::to_string(version) + ", newer than version " +
+                         std::to_string(kFormatVersion) +
+                         ", the newest this zerokv reads: load it with a newer zerokv runtime");
+  }
+  if (version < 1) {
+    return Refuse(ErrorCode::kUnsupportedVersion, "header.format_version",
+                     std::to_string(version) + " is not a format version (they start at 1)");
+  }
+  return std::nullopt;
+}
+
+// Reads fields from [data, data + size), refusing any read past the end. The first refusal goes to
+// *error (shared with the readers of enclosing structs) and every later read fails.
 class Reader {
  public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  Reader(const uint8_t* data, size_t size, std::optional<Error>* error)
+      : data_(data), size_(size), error_(error) {}
 
   size_t remaining() const { return size_ - pos_; }
-  bool failed() const { return error_.has_value(); }
-  const std::optional<Error>& error() const { return error_; }
+  bool failed() const { return error_->has_value(); }
 
   bool Fail(ErrorCode code, const std::string& field, const std::string& detail) {
-    if (!error_) error_ = Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
+    if (!failed()) *error_ = Refuse(code, field, detail);
     return false;
+  }
+
+  // A reader of the struct here (a u32 size, then its bytes); this reader moves past it. On a
+  // refusal the returned reader is empty and failed.
+  Reader Struct(const std::string& field) {
+    uint32_t size = 0;
+    if (!Scalar(field + ".size", &size)) return Reader(data_, 0, error_);
+    if (size > remaining()) {
+      Fail(ErrorCode::kTruncated, field,
+           "its size " + std::to_string(size) + " exceeds the " + std::to_string(remaining()) + " bytes that remain");
+      return Reader(data_, 0, error_);
+    }
+    Reader inner(data_ + pos_, size, error_);
+    pos_ += size;
+    return inner;
   }
 
   template <typename T>
@@ -402,7 +540,7 @@ class Reader {
   const uint8_t* data_;
   size_t size_;
   size_t pos_ = 0;
-  std::optional<Error> error_;
+  std::optional<Error>* error_;
 };
 
 class Writer {
@@ -423,10 +561,25 @@ class Writer {
     Scalar(static_cast<uint32_t>(value.size()));
     bytes_.insert(bytes_.end(), value.begin(), value.end());
   }
+  // Appends a struct written by `inner` (its u32 size, then its bytes), and inner's refusal.
+  void Struct(Writer& inner) {
+    if (inner.error_ && !error_) error_ = inner.error_;
+    Scalar(static_cast<uint32_t>(inner.bytes_.size()));
+    bytes_.insert(bytes_.end(), inner.bytes_.begin(), inner.bytes_.end());
+  }
+  // A field that format `version` cannot hold holds a value: nothing this writer wrote is valid.
+  void RefuseUnwritable(const std::string& field, uint16_t version) {
+    if (!error_) {
+      error_ = Refuse(ErrorCode::kUnsupportedVersion, field,
+                         "holds a value, but format version " + std::to_string(version) + " has no such field");
+    }
+  }
   std::vector<uint8_t>& bytes() { return bytes_; }
+  const std::optional<Error>& error() const { return error_; }
 
  private:
   std::vector<uint8_t> bytes_;
+  std::optional<Error> error_;
 };
 """
 
@@ -457,7 +610,7 @@ def _cpp_read(field_type, field_expr, target, indent):
             f"{pad}{{\n"
             f"{pad}  const std::string list_field = {field_expr};\n"
             f"{pad}  uint32_t count = 0;\n"
-            f"{pad}  if (!reader.Count(list_field, {_min_size(element)}, &count)) return false;\n"
+            f"{pad}  if (!reader.Count(list_field, {_min_size_expr(element, cpp=True)}, &count)) return false;\n"
             f"{pad}  {target}.resize(count);\n"
             f"{pad}  for (uint32_t {var} = 0; {var} < count; ++{var}) {{\n"
             + _cpp_read(element, f'list_field + "[" + std::to_string({var}) + "]"', f"{target}[{var}]", indent + 4)
@@ -465,29 +618,40 @@ def _cpp_read(field_type, field_expr, target, indent):
         )
     if field_type in schema.SCALARS:
         return f"{pad}if (!reader.Scalar({field_expr}, &{target})) return false;\n"
-    return f"{pad}if (!Read{field_type}(reader, {field_expr}, &{target})) return false;\n"
+    return f"{pad}if (!Read{field_type}(reader, {field_expr}, version, &{target})) return false;\n"
 
 
-def _cpp_write(field_type, value_expr, indent):
+def _cpp_write(field_type, value_expr, field_expr, indent):
     pad = " " * indent
     if _is_enum(field_type):
         return f"{pad}writer.Enum({value_expr});\n"
     if _is_string(field_type):
         return f"{pad}writer.String({value_expr});\n"
     if _is_list(field_type):
-        var = f"item{indent}"
+        index = f"i{indent}"
         return (
             f"{pad}writer.Scalar(static_cast<uint32_t>({value_expr}.size()));\n"
-            f"{pad}for (const auto& {var} : {value_expr}) {{\n"
-            + _cpp_write(field_type[1], var, indent + 2)
+            f"{pad}for (size_t {index} = 0; {index} < {value_expr}.size(); ++{index}) {{\n"
+            + _cpp_write(field_type[1], f"{value_expr}[{index}]",
+                         f'{field_expr} + "[" + std::to_string({index}) + "]"', indent + 2)
             + f"{pad}}}\n"
         )
     if field_type in schema.SCALARS:
         return f"{pad}writer.Scalar<{_CPP_TYPE[field_type]}>({value_expr});\n"
-    return f"{pad}Write{field_type}(writer, {value_expr});\n"
+    return f"{pad}Write{field_type}(writer, {field_expr}, version, {value_expr});\n"
+
+
+def _cpp_default(added):
+    default = added[1]
+    if default == "":
+        return ".empty()"
+    if default == []:
+        return ".empty()"
+    return f" == {str(default).lower()}"
 
 
 def generate_cpp():
+    _check_schema()
     magic = ", ".join(f"0x{b:02x}" for b in schema.MAGIC)
     out = [
         "// The zerokv blob format. GENERATED from tools/blob_schema/schema.py by generate.py: do not edit.",
@@ -502,12 +666,14 @@ def generate_cpp():
         "#include <optional>",
         "#include <string>",
         "#include <type_traits>",
+        "#include <utility>",
         "#include <vector>",
         "",
         "namespace zerokv::blob {",
         "",
         f"inline constexpr uint8_t kMagic[4] = {{{magic}}};",
         f"inline constexpr uint16_t kFormatVersion = {schema.FORMAT_VERSION};",
+        f"inline constexpr uint16_t kExtensibleSince = {schema.EXTENSIBLE_SINCE};",
         f"inline constexpr uint64_t kPayloadAlignment = {schema.PAYLOAD_ALIGNMENT};",
         f"inline constexpr size_t kHeaderSize = {_header_size()};",
         "",
@@ -548,50 +714,85 @@ def generate_cpp():
         "    return false;",
         "  }",
         "  std::memcpy(header->magic, data, sizeof(kMagic));",
-        "  Reader reader(data + sizeof(kMagic), kHeaderSize - sizeof(kMagic));",
-        "  if (!reader.Scalar(\"header.format_version\", &header->format_version)) { *error = reader.error(); return false; }",
-        "  if (header->format_version != kFormatVersion) {",
-        "    *error = Error{ErrorCode::kUnsupportedVersion, \"UNSUPPORTED_VERSION at header.format_version: version \" +",
-        "                                                      std::to_string(header->format_version) +",
-        "                                                      \"; this parser reads version \" + std::to_string(kFormatVersion)};",
-        "    return false;",
-        "  }",
+        "  Reader reader(data + sizeof(kMagic), kHeaderSize - sizeof(kMagic), error);",
+        "  if (!reader.Scalar(\"header.format_version\", &header->format_version)) return false;",
+        "  if ((*error = CheckVersion(header->format_version))) return false;",
     ]
     for name, field_type in schema.HEADER_FIELDS[2:]:
         if _is_enum(field_type):
-            out.append(f'  if (!reader.Enum("header.{name}", &header->{name})) {{ *error = reader.error(); return false; }}')
+            out.append(f'  if (!reader.Enum("header.{name}", &header->{name})) return false;')
         else:
-            out.append(f'  if (!reader.Scalar("header.{name}", &header->{name})) {{ *error = reader.error(); return false; }}')
+            out.append(f'  if (!reader.Scalar("header.{name}", &header->{name})) return false;')
     out += ["  return true;", "}", ""]
     out += ["inline void WriteHeader(Writer& writer, const Header& header) {"]
     out += ["  for (uint8_t byte : kMagic) writer.Scalar(byte);"]
     for name, field_type in schema.HEADER_FIELDS[1:]:
-        out.append(_cpp_write(field_type, f"header.{name}", 2).rstrip("\n"))
+        out.append(_cpp_write(field_type, f"header.{name}", f'"header.{name}"', 2).rstrip("\n"))
     out += ["}", ""]
 
-    for name, fields in schema.STRUCTS:
+    for name, _ in schema.STRUCTS:
+        fields = _fields(name)
         out += [f"struct {name} {{"]
-        out += [f"  {_cpp_type(t)} {n}{{}};" for n, t in fields]
+        out += [f"  {_cpp_type(t)} {n}{{}};" for n, t, _ in fields]
         out += [f"  bool operator==(const {name}& other) const {{"]
-        out += ["    return " + " && ".join(f"{n} == other.{n}" for n, _ in fields) + ";", "  }", "};", ""]
-        out += [f"inline bool Read{name}(Reader& reader, const std::string& field, {name}* value) {{"]
-        for n, t in fields:
-            out.append(_cpp_read(t, f'field + ".{n}"', f"value->{n}", 2).rstrip("\n"))
-        out += ["  return true;", "}", ""]
-        out += [f"inline void Write{name}(Writer& writer, const {name}& value) {{"]
-        for n, t in fields:
-            out.append(_cpp_write(t, f"value.{n}", 2).rstrip("\n"))
-        out += ["}", ""]
+        out += ["    return " + " && ".join(f"{n} == other.{n}" for n, _, _ in fields) + ";", "  }", "};", ""]
+        out += [
+            f"inline bool Read{name}(Reader& outer, const std::string& field, uint16_t version, {name}* value) {{",
+            "  std::optional<Reader> inner;",
+            "  if (version >= kExtensibleSince) inner.emplace(outer.Struct(field));",
+            "  Reader& reader = inner ? *inner : outer;",
+        ]
+        for n, t, added in fields:
+            read = _cpp_read(t, f'field + ".{n}"', f"value->{n}", 2).rstrip("\n")
+            if added is None:
+                out.append(read)
+            else:
+                # Present when the struct has bytes left for it; older blobs end before it.
+                out.append(f"  if (version >= {added[0]} && reader.remaining() > 0) {{")
+                out.append("\n".join("  " + line for line in read.split("\n")))
+                out.append("  }")
+        out += ["  return !reader.failed();", "}", ""]
+        out += [
+            f"inline void Write{name}(Writer& outer, const std::string& field, uint16_t version, const {name}& value) {{",
+            "  Writer inner;",
+            "  Writer& writer = version >= kExtensibleSince ? inner : outer;",
+        ]
+        for n, t, added in fields:
+            write = _cpp_write(t, f"value.{n}", f'field + ".{n}"', 2).rstrip("\n")
+            if added is None:
+                out.append(write)
+                continue
+            out.append(f"  if (version >= {added[0]}) {{")
+            out.append("\n".join("  " + line for line in write.split("\n")))
+            out.append(f"  }} else if (!(value.{n}{_cpp_default(added)})) {{")
+            out.append(f'    writer.RefuseUnwritable(field + ".{n}", version);')
+            out.append("  }")
+        out += ["  if (version >= kExtensibleSince) outer.Struct(inner);", "}", ""]
     out += [
-        "// The Metadata struct filling all of [data, data + size), or false with the refusal in `error`.",
-        "inline bool DecodeMetadata(const uint8_t* data, size_t size, Metadata* metadata, std::optional<Error>* error) {",
-        "  Reader reader(data, size);",
-        "  if (!ReadMetadata(reader, \"metadata\", metadata)) { *error = reader.error(); return false; }",
+        "// The Metadata struct of format `version` filling all of [data, data + size), or false with the",
+        "// refusal in `error`.",
+        "inline bool DecodeMetadata(const uint8_t* data, size_t size, uint16_t version, Metadata* metadata,",
+        "                           std::optional<Error>* error) {",
+        "  if ((*error = CheckVersion(version))) return false;",
+        "  Reader reader(data, size, error);",
+        "  if (!ReadMetadata(reader, \"metadata\", version, metadata)) return false;",
         "  if (reader.remaining() != 0) {",
-        "    *error = Error{ErrorCode::kTrailingBytes, \"TRAILING_BYTES at metadata: \" + std::to_string(reader.remaining()) +",
-        "                                                 \" bytes follow its last field\"};",
+        "    *error = Refuse(ErrorCode::kTrailingBytes, \"metadata\",",
+        "                       std::to_string(reader.remaining()) + \" bytes follow its last field\");",
         "    return false;",
         "  }",
+        "  return true;",
+        "}",
+        "",
+        "// The bytes of `metadata` in format `version`, or false with the refusal in `error` when that",
+        "// version cannot hold it.",
+        "inline bool EncodeMetadata(const Metadata& metadata, uint16_t version, std::vector<uint8_t>* out,",
+        "                           std::optional<Error>* error) {",
+        "  if ((*error = CheckVersion(version))) return false;",
+        "  Writer writer;",
+        "  WriteMetadata(writer, \"metadata\", version, metadata);",
+        "  if ((*error = writer.error())) return false;",
+        "  *out = std::move(writer.bytes());",
         "  return true;",
         "}",
         "",
