@@ -21,7 +21,7 @@ class Metrics(ctypes.Structure):
 BACKEND = ctypes.CDLL(os.environ["ZEROKV_BACKEND_TESTING_SO"], os.RTLD_GLOBAL)
 BACKEND.zerokv_kv_metrics_sum.argtypes = [ctypes.c_char_p, ctypes.POINTER(Metrics)]
 BACKEND.zerokv_kv_reset_prefix.argtypes = [ctypes.c_char_p]
-from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
+import zerokv.executorch as zx  # noqa: E402  (the backend must be registered first)
 
 DECODE_STEPS = 40
 # One position of K and V: [1, heads, 1, head_dim] float32 each.
@@ -39,7 +39,7 @@ def metrics():
 
 @pytest.fixture
 def methods():
-    program = Runtime.get().load_program(os.environ["RUNTIME_KV_PTE"])
+    program = zx.load_program(os.environ["RUNTIME_KV_PTE"])
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
     yield prefill, decode
     del prefill, decode, program

@@ -1,9 +1,10 @@
 """The AOTInductor engine kind: compile a partition into the payload the C++ AOTI engine runs.
 
     build = compile_aoti(exported_program, example_inputs, device="cpu")
-    build.payload, build.bindings, build.aliased_io   # -> zerokv.blob.Blob(engine_kind=AOTI, ...)
+    build.payload, build.bindings, build.aliased_io, build.constants  # -> zerokv.blob.Blob(engine_kind=AOTI, ...)
+    build.named_data                                                    # -> ExecuTorch's named data (the weights)
 """
 
-from zerokv.aoti.compile import BLOB_DTYPES, EngineBuild, compile_aoti
+from zerokv.aoti.compile import BLOB_DTYPES, NAMED_DATA_ALIGNMENT, EngineBuild, compile_aoti, named_data_key
 
-__all__ = ["BLOB_DTYPES", "EngineBuild", "compile_aoti"]
+__all__ = ["BLOB_DTYPES", "NAMED_DATA_ALIGNMENT", "EngineBuild", "compile_aoti", "named_data_key"]

@@ -1,6 +1,6 @@
 """ExecuTorch integration: the zerokv partitioner and backend, and zero-copy KV export."""
 
-from zerokv.executorch.api import export, save
+from zerokv.executorch.api import data_path, export, load_program, save
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, ZeroKVBackend
 from zerokv.executorch.partitioner import BACKEND_ID, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import KVCacheLayer, RuntimeKV, RuntimeKVError
@@ -16,6 +16,8 @@ __all__ = [
     "ZeroKVBackend",
     "ZeroKVPartitioner",
     "check_zero_copy_kv",
+    "data_path",
     "export",
+    "load_program",
     "save",
 ]

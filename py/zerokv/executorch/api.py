@@ -23,6 +23,7 @@ from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_d
 from zerokv.executorch.engines import PRESERVED_OPS, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
+from zerokv.executorch.specs import NAMED_DATA_TAG
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -53,6 +54,7 @@ def export(
     engine_options: dict | None = None,
     other_partitioners=(),
     runtime_kv: RuntimeKV | None = None,
+    named_data: str = "ptd",
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
 
@@ -69,6 +71,8 @@ def export(
         delegates are never un-staged: only zerokv's engines promise in-place writes.
       runtime_kv: caches the zerokv runtime owns (allocates, grows, binds); they leave the methods'
         inputs and are never serialized. See runtime_kv.py.
+      named_data: where the delegates' weights and TensorRT plans go (ExecuTorch named data): "ptd", a
+        data file that `save` writes beside the .pte, or "pte", the .pte's own named data segment.
 
     Returns:
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
@@ -100,7 +104,7 @@ def export(
     partitioners = {
         method: [
             ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
-                              program.range_constraints),
+                              program.range_constraints, named_data),
             *(KeepingZeroKVOps(other) for other in other_partitioners),
         ]
         for method, program in prepared.items()
@@ -155,12 +159,29 @@ def _has_zero_copy_delegate(manager) -> bool:
     return False
 
 
+def data_path(path: str) -> str:
+    """Where `save` writes the named data of the .pte at `path`: beside it, as <name>.ptd."""
+    return os.path.splitext(path)[0] + ".ptd"
+
+
 def save(manager, path: str):
-    """Writes the .pte of `manager` to `path`, after check_zero_copy_kv when it has zero-copy
-    delegates. The file is written whole or not at all (an existing file is never left truncated)."""
+    """Writes the .pte of `manager` to `path`, and its named data kept outside the .pte (exported
+    with named_data="ptd", the default) to data_path(path), after check_zero_copy_kv when it has
+    zero-copy delegates. Load both: load_program(path) in Python, Module(path, data_path(path)) in
+    C++. Each file is written whole or not at all (an existing file is never left truncated), the
+    data file first. Returns the paths written."""
     if _has_zero_copy_delegate(manager):
         check_zero_copy_kv(manager)
     directory = os.path.dirname(os.path.abspath(path))
+    written = []
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".zerokv-") as data_dir:
+        manager.write_tensor_data_to_file(data_dir)
+        for name in sorted(os.listdir(data_dir)):
+            if name != f"{NAMED_DATA_TAG}.ptd":
+                raise ZeroCopyError(f"the program keeps named data '{name}' of another backend outside the .pte; "
+                                    "zerokv.save writes only zerokv's")
+            os.replace(os.path.join(data_dir, name), data_path(path))
+            written.append(data_path(path))
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".zerokv-", delete=False) as out:
         try:
             manager.write_to_file(out)
@@ -168,3 +189,13 @@ def save(manager, path: str):
             os.unlink(out.name)
             raise
     os.replace(out.name, path)
+    return [path, *written]
+
+
+def load_program(path: str):
+    """The executorch.runtime Program at `path`, with the data file `save` wrote beside it, if any.
+    Load the zerokv backend library first (see README.md)."""
+    from executorch.runtime import Runtime
+
+    data = data_path(path)
+    return Runtime.get().load_program(path, data_path=data if os.path.exists(data) else None)
