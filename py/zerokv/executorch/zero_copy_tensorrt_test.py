@@ -15,6 +15,7 @@ from torch.export.graph_signature import OutputKind
 
 import zerokv.executorch as zx
 from zerokv import blob
+from zerokv.executorch.backend import parsed_blob
 from zerokv.executorch.zero_copy import delegate_nodes
 from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
@@ -190,8 +191,14 @@ def test_prefill_and_decode_methods_are_both_zero_copy():
 def test_save_writes_a_checked_program(tmp_path):
     manager = zx.export(_decoder_program(), engine="tensorrt")
     path = tmp_path / "decode.pte"
-    zx.save(manager, str(path))
+    assert zx.save(manager, str(path)) == [str(path), zx.data_path(str(path))]
     assert path.read_bytes() == manager.buffer
+    # The plan is named data, in the .ptd beside the .pte: the blob holds only its key.
+    (_, lowered), = delegate_nodes(manager.exported_program("forward").graph_module)
+    parsed = parsed_blob(lowered)
+    assert parsed.payload == b"" and parsed.metadata.engine_key.startswith("zerokv/")
+    assert len(lowered.processed_bytes) < 4096
+    assert (tmp_path / "decode.ptd").stat().st_size > 10_000
 
 
 class DecoderThenClampThenProjection(torch.nn.Module):
