@@ -90,6 +90,18 @@ def runtime_kv_blob():
     return blob
 
 
+def growable_runtime_kv_blob():
+    """runtime_kv_blob with the flat layer's positions dim dynamic, admitting every capacity the
+    runtime may grow the cache to: the blob a runtime creates a delegate for."""
+    blob = runtime_kv_blob()
+    for i, binding in enumerate(blob.metadata.bindings):
+        if binding.name in ("k_cache", "v_cache", "k_cache_out", "v_cache_out"):
+            shape = list(binding.shape)
+            shape[2] = Dim(1, 64)
+            blob.metadata.bindings[i] = dataclasses.replace(binding, shape=shape)
+    return blob
+
+
 def named_data_blob():
     """Engine code with its weights in named data, and a TensorRT plan that is all named data."""
     blob = caller_kv_blob()
@@ -170,6 +182,7 @@ def cases():
     name_length_at = HEADER_SIZE + 12
     yield "valid_caller_kv", "OK", good
     yield "valid_runtime_kv", "OK", serialize(runtime_kv_blob())
+    yield "valid_growable_runtime_kv", "OK", serialize(growable_runtime_kv_blob())
     yield "valid_minimal", "OK", serialize(minimal_blob())
     yield "valid_constants", "OK", serialize(named_data_blob())
     yield "valid_plan_in_named_data", "OK", serialize(plan_in_named_data_blob())
