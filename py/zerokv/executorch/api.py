@@ -169,7 +169,8 @@ def save(manager, path: str):
     with named_data="ptd", the default) to data_path(path), after check_zero_copy_kv when it has
     zero-copy delegates. Load both: load_program(path) in Python, Module(path, data_path(path)) in
     C++. Each file is written whole or not at all (an existing file is never left truncated), the
-    data file first. Returns the paths written."""
+    data file first; a data file an earlier save left beside `path` goes when this program has none.
+    Returns the paths written."""
     if _has_zero_copy_delegate(manager):
         check_zero_copy_kv(manager)
     directory = os.path.dirname(os.path.abspath(path))
@@ -178,10 +179,12 @@ def save(manager, path: str):
         manager.write_tensor_data_to_file(data_dir)
         for name in sorted(os.listdir(data_dir)):
             if name != f"{NAMED_DATA_TAG}.ptd":
-                raise ZeroCopyError(f"the program keeps named data '{name}' of another backend outside the .pte; "
-                                    "zerokv.save writes only zerokv's")
+                raise ValueError(f"the program keeps named data '{name}' of another backend outside the .pte; "
+                                 "zerokv.save writes only zerokv's")
             os.replace(os.path.join(data_dir, name), data_path(path))
             written.append(data_path(path))
+    if not written and os.path.exists(data_path(path)):
+        os.unlink(data_path(path))
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".zerokv-", delete=False) as out:
         try:
             manager.write_to_file(out)
