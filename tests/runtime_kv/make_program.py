@@ -2,8 +2,8 @@
 
     make_program.py OUT.pte
 
-zerokv.executorch.runtime_kv_models.CacheInputDecoder (fixed seed) with two methods, "prefill"
-(PREFILL tokens) and "decode" (1 token), compiled by AOTInductor for the CPU and delegated to cuda:0
+zerokv.executorch.runtime_kv_models (fixed seed) with two methods: "prefill" (PREFILL tokens; it
+writes the caches without reading them, as a Hugging Face prefill does) and "decode" (1 token), compiled by AOTInductor for the CPU and delegated to cuda:0
 (run over a host-memory device allocator). Its K and V caches are runtime-owned: flat, initial
 capacity INITIAL_CAPACITY, growing up to MAX_CAPACITY, shared by both methods; the step width is
 dim 1 of "tokens".
@@ -27,10 +27,9 @@ def runtime_kv():
 
 def main():
     (out,) = sys.argv[1:]
-    model = models.CacheInputDecoder(seed=0)
     programs = {
-        "prefill": models.export_step(model, PREFILL, MAX_CAPACITY),
-        "decode": models.export_step(model, 1, MAX_CAPACITY),
+        "prefill": models.export_step(models.FreshPrefill(seed=0), PREFILL, MAX_CAPACITY),
+        "decode": models.export_step(models.CacheInputDecoder(seed=0), 1, MAX_CAPACITY),
     }
     program = zx.export(programs, engine="aoti", engine_options={"compile_device": "cpu"},
                         runtime_kv=runtime_kv())

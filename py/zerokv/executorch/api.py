@@ -22,7 +22,7 @@ from torch._decomp import core_aten_decompositions
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
 from zerokv.executorch.engines import PRESERVED_OPS, engine_named
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
-from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
+from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -106,7 +106,7 @@ def export(
     }
     edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
     for method in prepared:
-        detach_runtime_kv_inputs(edge.exported_program(method), method)
+        detach_runtime_kv(edge.exported_program(method), method)
         if zero_copy_kv:
             verify_lowered_method(edge.exported_program(method).graph_module, method)
 
