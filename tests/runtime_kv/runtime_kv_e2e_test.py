@@ -1,7 +1,8 @@
 """Runtime-owned KV caches end to end on the CPU: a program exported with runtime_kv, executed by
 ExecuTorch's runtime with zerokv's C++ backend (AOTInductor engine). Prefill, then decode far past
 the caches' initial capacity (several growths), with every step's logits equal to eager; the C API's
-metrics report the growths and the bytes they moved; failures and reset behave."""
+metrics report the growths and the bytes they moved; failures and reset behave. One delegate can hold
+runtime-owned and caller-owned caches together."""
 
 import ctypes
 import os
@@ -106,3 +107,15 @@ def test_reset_starts_a_fresh_sequence_on_the_kept_storage(methods):
     torch.testing.assert_close(logits, expected[0], rtol=1e-4, atol=1e-4)
     (logits,) = decode.execute([DECODED[0], torch.tensor(spec.PREFILL)])
     torch.testing.assert_close(logits, expected[1], rtol=1e-4, atol=1e-4)
+
+
+def test_one_delegate_writing_runtime_owned_and_caller_owned_caches_equals_eager():
+    method = Runtime.get().load_program(os.environ["MIXED_KV_PTE"]).load_method("decode")
+    model = models.MixedCacheDecoder(seed=0).eval()
+    k_cache, v_cache = models.empty_caches(spec.MIXED_MAX_CAPACITY)
+    with torch.no_grad():
+        for position, token in enumerate(DECODED[:spec.MIXED_MAX_CAPACITY]):
+            expected = model(token, torch.tensor(position), k_cache, v_cache)
+            (logits,) = method.execute([token, torch.tensor(position)])
+            torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-4, msg=f"step {position}")
+    assert metrics().length == spec.MIXED_MAX_CAPACITY

@@ -18,11 +18,12 @@ import tempfile
 import torch
 from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
 from torch._decomp import core_aten_decompositions
+from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
 from zerokv.executorch.engines import PRESERVED_OPS, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
-from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
+from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -88,8 +89,9 @@ def export(
     prepared = {}
     declined = {}
     storage_keys = runtime_kv.storage_keys() if runtime_kv else {}
-    for method, program in programs.items():
-        program = program.run_decompositions(_decompositions())
+    decomposed = {method: _decomposed(program) for method, program in programs.items()}
+    _refuse_unshared_buffers(decomposed, zero_copy_kv, backend_config or ExecutorchBackendConfig())
+    for method, program in decomposed.items():
         if runtime_kv:
             mark_runtime_kv(program, runtime_kv, storage_keys, method)
         if zero_copy_kv:
@@ -107,7 +109,7 @@ def export(
     }
     edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
     for method in prepared:
-        detach_runtime_kv_inputs(edge.exported_program(method), method)
+        detach_runtime_kv(edge.exported_program(method), method)
         if zero_copy_kv:
             verify_lowered_method(edge.exported_program(method).graph_module, method)
 
@@ -129,6 +131,51 @@ def export(
     return manager
 
 
+def _decomposed(program):
+    program = program.run_decompositions(_decompositions())
+    # The result shares the caller's constants table, where torch.export keeps non-persistent
+    # buffers (Hugging Face's caches and rotary inv_freq); lowering takes from it what delegates
+    # consume, which would break the caller's program. This copy has a table of its own.
+    return torch.export.ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=program.graph_signature,
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs,
+        constants=dict(program.constants),
+        verifiers=program.verifiers,
+    )
+
+
+def _refuse_unshared_buffers(programs, zero_copy_kv, config):
+    """A buffer one method writes and another uses is two buffers in ExecuTorch, one per method,
+    unless memory planning shares mutable buffers (host memory only, so never with zero-copy)."""
+    if len(programs) < 2 or (not zero_copy_kv and _shares_mutable_buffers(config)):
+        return
+    used = {method: {spec.target for spec in program.graph_signature.input_specs if spec.kind == InputKind.BUFFER}
+            for method, program in programs.items()}
+    for method, program in programs.items():
+        written = {spec.target for spec in program.graph_signature.output_specs
+                   if spec.kind == OutputKind.BUFFER_MUTATION}
+        others = sorted(other for other in programs if other != method and written & used[other])
+        if others:
+            shared = sorted(written.intersection(set().union(*(used[other] for other in others))))
+            raise ZeroCopyError(
+                f"buffers {shared} are written by method '{method}' and used by {others}, but each ExecuTorch "
+                "method gets its own copy of a buffer, so the writes would not reach them. Pass the caches as "
+                "method inputs and declare them runtime-owned (zerokv.executorch.export(..., "
+                "runtime_kv=RuntimeKV(...))) to share them between methods"
+                + ("" if zero_copy_kv else ", or plan with share_mutable_buffers=True"))
+
+
+def _shares_mutable_buffers(config):
+    planners = config.memory_planning_pass
+    planners = planners.values() if isinstance(planners, dict) else [planners]
+    return any(getattr(planner, "share_mutable_buffers", False) for planner in planners)
+
+
 def _marks(program):
     return {
         node.name: {key: node.meta[key] for key in (ALIASED_BUFFER, RUNTIME_KV) if key in node.meta}
@@ -137,9 +184,7 @@ def _marks(program):
 
 
 def _refuse_shared_device_buffers(config):
-    planners = config.memory_planning_pass
-    planners = planners.values() if isinstance(planners, dict) else [planners]
-    if any(getattr(planner, "share_mutable_buffers", False) for planner in planners):
+    if _shares_mutable_buffers(config):
         raise ZeroCopyError(
             "share_mutable_buffers cannot share zero-copy KV caches across methods: ExecuTorch 1.5.1 shares "
             "mutable buffers only in host memory (mem_id 1), and the engines write the caches in device "

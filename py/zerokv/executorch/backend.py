@@ -14,7 +14,7 @@ from torch.export.graph_signature import InputKind
 from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named
+from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named, is_kv_write, written_back
 from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
@@ -82,7 +82,8 @@ class ZeroKVBackend(BackendDetails):
             step_width_source=step_width_source(runtime_owned, arguments, delegate),
         )
         delegate_signature = blob.delegate_signature(metadata, elided)
-        outputs = len(signature.user_outputs)
+        # The writes of runtime-owned caches leave the delegate's outputs after lowering (runtime_kv).
+        outputs = len(signature.user_outputs) - len(_returned_writes(edge_program, runtime_owned))
         if (len(delegate_signature.inputs), len(delegate_signature.outputs)) != (len(arguments), outputs):
             raise ZeroCopyError(
                 f"{delegate}: the engine takes {len(delegate_signature.inputs)} inputs and gives "
@@ -96,6 +97,15 @@ class ZeroKVBackend(BackendDetails):
             payload=build.payload,
         ))
         return PreprocessResult(processed_bytes=processed)
+
+
+def _returned_writes(edge_program, caches):
+    returned = edge_program.graph.output_node().args[0]
+    writes = []
+    for cache in caches:
+        writes += [value for value in returned if is_kv_write(written_back(value, cache))
+                   and written_back(value, cache).args[0] is cache]
+    return writes
 
 
 def _refuse_cache_value_outputs(edge_program, promised, delegate):

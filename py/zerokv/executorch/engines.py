@@ -97,6 +97,28 @@ def is_kv_write(node: fx.Node) -> bool:
     return node.op == "call_function" and aten_target(node) in KV_WRITE_OPS
 
 
+def _is_write_back(value, cache: fx.Node) -> bool:
+    return (isinstance(value, fx.Node) and value.op == "call_function" and aten_target(value) is _aten.copy.default
+            and value.args[0] is cache)
+
+
+def written_back(value, cache: fx.Node):
+    """What an input mutation of `cache` returns, seen through its write-backs: `src` when `value` is
+    `copy(cache, src)` (export and to_edge each spell a user input's mutation that way), repeatedly."""
+    while _is_write_back(value, cache):
+        value = value.args[1]
+    return value
+
+
+def write_backs(value, cache: fx.Node):
+    """The chain of write-back copies of `cache` ending in `value`, outermost first."""
+    chain = []
+    while _is_write_back(value, cache):
+        chain.append(value)
+        value = value.args[1]
+    return chain
+
+
 def _tensor_shape_supported(node: fx.Node) -> bool:
     return node.target is operator.getitem or isinstance(
         node.meta.get("val"), (torch.Tensor, tuple, list, int, torch.SymInt))

@@ -3,17 +3,21 @@
 The model takes its caches as inputs it writes in place (`k_cache.index_copy_(2, positions, k)`),
 with a dynamic positions axis (dim 2) up to the maximum capacity. `export(..., runtime_kv=RuntimeKV(
 ...))` then:
-  1. before partitioning, marks those inputs (RUNTIME_KV on the placeholder) and drops their
-     mutation outputs: the engine writes the runtime's storage in place, nothing is returned;
+  1. before partitioning, marks those inputs (RUNTIME_KV on the placeholder). Their mutation
+     outputs stay until lowering: they are what keeps a write alive that nothing in the method
+     reads afterwards (a prefill attending over its fresh K/V writes the caches for decode only);
   2. in `preprocess`, records them in the blob's KV manifest (not as delegate arguments), with the
-     step width source that tells the runtime how many tokens a step writes;
-  3. after lowering, removes them from the method's inputs, so that no caller passes them and no
-     storage for them is planned or serialized.
+     step width source that tells the runtime how many tokens a step writes; the engine writes the
+     runtime's storage in place and returns nothing for them;
+  3. after lowering, removes them from the method's inputs and their writes from the delegate's and
+     the method's outputs, so that no caller passes them and no storage for them is planned,
+     returned or serialized.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import operator
 import uuid
 
 import torch
@@ -21,7 +25,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from zerokv import blob
-from zerokv.executorch.engines import is_kv_write, value_readers
+from zerokv.executorch.engines import is_kv_write, value_readers, write_backs, written_back
 
 # Node meta key on a runtime-owned cache input: its RuntimeKVBinding.
 RUNTIME_KV = "zerokv_runtime_kv"
@@ -84,8 +88,7 @@ class RuntimeKVBinding:
 
 
 def mark_runtime_kv(program, runtime_kv: RuntimeKV, storage_keys, method: str):
-    """Marks the cache inputs of `program` (functional, before partitioning) and drops their
-    mutation outputs."""
+    """Marks the cache inputs of `program` (functional, before partitioning)."""
     signature = program.graph_signature
     placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
     user_inputs = {spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT}
@@ -93,9 +96,7 @@ def mark_runtime_kv(program, runtime_kv: RuntimeKV, storage_keys, method: str):
         raise RuntimeKVError(f"method '{method}': step width input '{runtime_kv.step_width[0]}' is not an input")
     mutated = {spec.target: index for index, spec in enumerate(signature.output_specs)
                if spec.kind == OutputKind.USER_INPUT_MUTATION}
-    output_node = program.graph.output_node()
-    values = list(output_node.args[0])
-    dropped = set()
+    values = list(program.graph.output_node().args[0])
     for layer in runtime_kv.layers:
         for role, name in (("k", layer.k_input), ("v", layer.v_input)):
             if name not in user_inputs:
@@ -114,20 +115,19 @@ def mark_runtime_kv(program, runtime_kv: RuntimeKV, storage_keys, method: str):
                     f"method '{method}': runtime KV cache '{name}' has a static positions axis ({extent}); "
                     "export it with a dynamic dim 2 up to max_capacity so the runtime can grow it")
             cache.meta[RUNTIME_KV] = RuntimeKVBinding(role, layer, storage_keys[layer], runtime_kv.step_width)
-            dropped.add(mutated[name])
-    output_node.args = (tuple(v for i, v in enumerate(values) if i not in dropped),)
-    signature.output_specs[:] = [s for i, s in enumerate(signature.output_specs) if i not in dropped]
-    program.graph_module.recompile()
 
 
-def detach_runtime_kv_inputs(program, method: str):
-    """After lowering: removes the marked cache inputs from the method (the delegate binds them)."""
+def detach_runtime_kv(program, method: str):
+    """After lowering: removes the marked caches from the method: their writes from the delegate's
+    and the method's outputs, then the caches from the inputs (the delegate binds them)."""
     from zerokv.executorch.zero_copy import delegate_nodes
 
     graph = program.graph
     marked = [node for node in graph.find_nodes(op="placeholder") if RUNTIME_KV in node.meta]
     if not marked:
         return
+    names = {cache.name for cache in marked}
+    _detach_writes(program, names, method)
     for node, lowered in delegate_nodes(program.graph_module):
         owned = [index for index, arg in enumerate(node.args[1:]) if arg in marked]
         if owned:
@@ -139,7 +139,6 @@ def detach_runtime_kv_inputs(program, method: str):
                 f"method '{method}': runtime KV cache '{cache.name}' is read outside the delegate that owns it "
                 f"(by {', '.join(user.name for user in cache.users)})")
         graph.erase_node(cache)
-    names = {cache.name for cache in marked}
     signature = program.graph_signature
     signature.input_specs[:] = [spec for spec in signature.input_specs
                                 if not (spec.kind == InputKind.USER_INPUT and spec.arg.name in names)]
@@ -148,6 +147,68 @@ def detach_runtime_kv_inputs(program, method: str):
     call.inputs[:] = [arg for arg in call.inputs if getattr(arg, "name", None) not in names]
     call.in_spec = pytree.tree_structure((tuple(range(remaining)), {}))
     program.graph_module.recompile()
+
+
+def _detach_writes(program, names, method: str):
+    """Drops the method outputs that are the marked caches' mutations, and the delegate outputs
+    that carried them: the engine wrote the runtime's storage in place."""
+    from zerokv.executorch.backend import is_zerokv_delegate
+    from zerokv.executorch.zero_copy import delegate_nodes
+
+    delegates = dict(delegate_nodes(program.graph_module))
+    placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
+    output_node = program.graph.output_node()
+    values = list(output_node.args[0])
+    specs = program.graph_signature.output_specs
+    dropped, carried, copies = set(), {}, []
+    for index, spec in enumerate(specs):
+        if spec.kind != OutputKind.USER_INPUT_MUTATION or spec.target not in names:
+            continue
+        returned = values[index]
+        value = written_back(returned, placeholders[spec.target])
+        call = value.args[0] if value.op == "call_function" and value.target is operator.getitem else None
+        if call not in delegates or not is_zerokv_delegate(delegates[call]):
+            raise RuntimeKVError(
+                f"method '{method}': the write of runtime KV cache '{spec.target}' is not inside a zerokv "
+                f"delegate ({value.name}); the runtime's storage can only be written by its engine")
+        chain = write_backs(returned, placeholders[spec.target])
+        reader = chain[-1] if chain else output_node
+        if set(value.users) != {reader}:
+            raise RuntimeKVError(
+                f"method '{method}': the updated runtime KV cache '{spec.target}' is read outside the delegate "
+                f"that writes it (by {', '.join(user.name for user in value.users if user is not reader)})")
+        dropped.add(index)
+        carried.setdefault(call, []).append(value)
+        copies += chain
+    output_node.args = (tuple(value for index, value in enumerate(values) if index not in dropped),)
+    specs[:] = [spec for index, spec in enumerate(specs) if index not in dropped]
+    for copy in copies:
+        program.graph.erase_node(copy)
+    for call, getitems in carried.items():
+        positions = sorted((getitem.args[1] for getitem in getitems), reverse=True)
+        for getitem in getitems:
+            program.graph.erase_node(getitem)
+        _drop_delegate_outputs(call, delegates[call], positions)
+
+
+def _drop_delegate_outputs(call, lowered, positions):
+    """Removes the delegate outputs at `positions` (descending) from its call and its program."""
+    delegate_program = lowered.original_module
+    output_node = delegate_program.graph.output_node()
+    values = list(output_node.args[0])
+    specs = delegate_program.graph_signature.output_specs
+    results = list(call.meta["val"])
+    for position in positions:
+        del values[position], specs[position], results[position]
+        for user in call.users:
+            if user.args[1] > position:
+                user.args = (call, user.args[1] - 1)
+    output_node.args = (tuple(values),)
+    # Every output of a delegate's program is a user output: its call signature lists them all.
+    delegate_program.module_call_graph[0].signature.out_spec = pytree.tree_structure(tuple(range(len(values))))
+    call.meta["val"] = tuple(results)
+    delegate_program.graph.eliminate_dead_code()
+    delegate_program.graph_module.recompile()
 
 
 def _bind_inside(delegate_program, positions):

@@ -99,13 +99,15 @@ def delegate_nodes(graph_module):
 
 def _aliased_argument_positions(lowered):
     """Positions (in the delegate's arguments) of the caller-owned caches its engine writes in place,
-    as its blob records them; empty unless the aliased outputs are elided."""
+    as its blob records them; empty unless the aliased outputs are elided. Runtime-owned caches are
+    not arguments."""
     parsed = parsed_blob(lowered)
     if not parsed.aliased_outputs_elided:
         return []
     signature = blob.delegate_signature(parsed.metadata, True)
     names = [parsed.metadata.bindings[i].name for i in signature.inputs]
-    return [names.index(alias.input) for alias in parsed.metadata.aliased_io]
+    runtime_owned = {name for layer in parsed.metadata.kv_layers for name in (layer.k_binding, layer.v_binding)}
+    return [names.index(alias.input) for alias in parsed.metadata.aliased_io if alias.input not in runtime_owned]
 
 
 def verify_lowered_method(graph_module, method: str):
