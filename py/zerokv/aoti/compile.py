@@ -28,6 +28,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.export.passes import move_to_device_pass  # torch 2.11 does not import it with torch.export
 
 from zerokv import blob
+from zerokv.errors import ZeroKVError
 
 # The torch dtype of each blob DType (blob.DType is torch-free); the one place the two are paired.
 BLOB_DTYPES = {
@@ -40,6 +41,12 @@ BLOB_DTYPES = {
     torch.uint8: blob.DType.UINT8,
     torch.bool: blob.DType.BOOL,
 }
+
+
+class AotiCompileError(ZeroKVError, ValueError):
+    """The partition cannot be compiled into a zerokv AOTInductor engine; the message names the input
+    or output at fault and what to change."""
+
 
 @dataclasses.dataclass
 class EngineBuild:
@@ -66,7 +73,7 @@ def compile_aoti(
     """
     torch_device = torch.device(device)
     if torch_device.type not in ("cpu", "cuda"):
-        raise ValueError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
+        raise AotiCompileError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
     example_inputs = tuple(t.to(torch_device) for t in example_inputs)
     if isinstance(program, ExportedProgram):
         if torch_device.type == "cuda":
@@ -102,7 +109,7 @@ def _binding_table(program: ExportedProgram, binding_device: blob.Device):
     signature = functional.graph_signature
     for spec in signature.output_specs:
         if spec.kind == OutputKind.BUFFER_MUTATION:
-            raise ValueError(
+            raise AotiCompileError(
                 f"the partition mutates buffer {spec.target!r}: a cache the engine owns is not the caller's; "
                 "lift it to an input so the engine writes the caller's buffer"
             )
@@ -123,7 +130,7 @@ def _binding_table(program: ExportedProgram, binding_device: blob.Device):
     for spec in signature.output_specs:
         if spec.kind == OutputKind.USER_OUTPUT:
             if spec.arg.name in names:
-                raise ValueError(f"output {spec.arg.name!r} returns an input unchanged; the engine cannot bind it twice")
+                raise AotiCompileError(f"output {spec.arg.name!r} returns an input unchanged; the engine cannot bind it twice")
             name = _unique(spec.arg.name, names)
             outputs.append(_binding(name, values[spec.arg.name], blob.Direction.OUTPUT, binding_device, ranges))
     return bindings + outputs, aliased_io
@@ -139,9 +146,9 @@ def _unique(name, taken):
 
 def _binding(name, value, direction, device, ranges):
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
+        raise AotiCompileError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
     if value.dtype not in BLOB_DTYPES:
-        raise ValueError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
+        raise AotiCompileError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
     return blob.IOBinding(name, BLOB_DTYPES[value.dtype], direction, device, [_dim(name, d, ranges) for d in value.shape])
 
 
@@ -151,8 +158,8 @@ def _dim(name, size, ranges):
     expr = size.node.expr
     bounds = ranges.get(expr)
     if bounds is None:
-        raise ValueError(f"{name!r} has a derived dynamic dimension {expr}; give it its own Dim with a max")
+        raise AotiCompileError(f"{name!r} has a derived dynamic dimension {expr}; give it its own Dim with a max")
     lower, upper = bounds.lower, bounds.upper
     if not upper.is_finite:
-        raise ValueError(f"{name!r} dimension {expr} has no upper bound; the blob needs one (Dim max)")
+        raise AotiCompileError(f"{name!r} dimension {expr} has no upper bound; the blob needs one (Dim max)")
     return blob.Dim(int(lower), int(upper))

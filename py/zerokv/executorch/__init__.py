@@ -1,5 +1,6 @@
 """ExecuTorch integration: the zerokv partitioner and backend, and zero-copy KV export."""
 
+from zerokv.errors import ZeroKVError
 from zerokv.executorch.api import export, save
 from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, ZeroKVBackend
 from zerokv.executorch.partitioner import BACKEND_ID, ZeroKVPartitioner
@@ -14,6 +15,7 @@ __all__ = [
     "RuntimeKVError",
     "ZeroCopyError",
     "ZeroKVBackend",
+    "ZeroKVError",
     "ZeroKVPartitioner",
     "check_zero_copy_kv",
     "export",

@@ -16,20 +16,30 @@ import os
 import tempfile
 
 import torch
-from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir import (
+    EdgeCompileConfig,
+    ExecutorchBackendConfig,
+    ExecutorchProgramManager,
+    to_edge_transform_and_lower,
+)
+from executorch.exir.backend.partitioner import Partitioner
 from torch._decomp import core_aten_decompositions
 from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import PRESERVED_OPS, engine_named, planned_for
+from zerokv.errors import ZeroKVError
+from zerokv.executorch import specs
+from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError
+from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
-    delegate_nodes,
+    order_copyback_mutations_first,
+    refuse_input_unstaging,
     repoint_aliased_buffer_mutations,
     verify_lowered_method,
+    zerokv_delegates,
 )
 
 logger = logging.getLogger(__name__)
@@ -75,16 +85,12 @@ def export(
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
 
     Raises:
-      ZeroCopyError: zero-copy was asked for but cannot be applied safely; names buffer and method.
+      ZeroKVError: every refusal, before anything is built when an argument is at fault. A subclass
+        names what: ZeroCopyError (zero-copy cannot be applied safely; names buffer and method),
+        RuntimeKVError, EngineBuildError (the engine cannot build a delegate; names the method).
     """
-    if isinstance(programs, torch.export.ExportedProgram):
-        programs = {"forward": programs}
-    if not isinstance(programs, dict) or not programs:
-        raise TypeError(f"programs: expected an ExportedProgram or a non-empty {{method: ExportedProgram}}, "
-                        f"got {type(programs).__name__}")
-    for method, program in programs.items():
-        if not isinstance(program, torch.export.ExportedProgram):
-            raise TypeError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
+    programs = _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config,
+                                  engine_options, other_partitioners, runtime_kv)
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}
@@ -99,6 +105,8 @@ def export(
             for buffer, reason in declined[method].items():
                 logger.warning("zerokv: method '%s' keeps the copy-back of buffer '%s': %s", method, buffer, reason)
         prepared[method] = program
+    if zero_copy_kv:
+        refuse_input_unstaging(backend_config or ExecutorchBackendConfig(), prepared)
     partitioners = {
         method: [
             ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
@@ -110,8 +118,8 @@ def export(
     edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
     for method in prepared:
         detach_runtime_kv(edge.exported_program(method), method)
-        if zero_copy_kv:
-            verify_lowered_method(edge.exported_program(method).graph_module, method)
+        order_copyback_mutations_first(edge.exported_program(method))
+        verify_lowered_method(edge.exported_program(method).graph_module, method)
 
     base = planned_for(adapter, backend_config or ExecutorchBackendConfig(), prepared)
     repointed = any(ALIASED_BUFFER in node.meta for program in prepared.values()
@@ -176,6 +184,38 @@ def _shares_mutable_buffers(config):
     return any(getattr(planner, "share_mutable_buffers", False) for planner in planners)
 
 
+def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config, engine_options,
+                       other_partitioners, runtime_kv):
+    """{method: ExportedProgram}, after refusing any bad argument with a ZeroKVError naming it."""
+    if isinstance(programs, torch.export.ExportedProgram):
+        programs = {"forward": programs}
+    if not isinstance(programs, dict) or not programs:
+        raise ZeroKVError(f"programs: expected an ExportedProgram or a non-empty {{method: ExportedProgram}}, "
+                          f"got {type(programs).__name__}")
+    for method, program in programs.items():
+        if not isinstance(program, torch.export.ExportedProgram):
+            raise ZeroKVError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
+    engine_module(engine).options_to_specs({} if engine_options is None else engine_options)
+    specs.parse_device(device)
+    if not isinstance(zero_copy_kv, bool):
+        raise ZeroKVError(f"zero_copy_kv: expected a bool, got {zero_copy_kv!r}")
+    for name, value, expected, described in (
+        ("backend_config", backend_config, ExecutorchBackendConfig, "an ExecutorchBackendConfig"),
+        ("compile_config", compile_config, EdgeCompileConfig, "an EdgeCompileConfig"),
+        ("runtime_kv", runtime_kv, RuntimeKV, "a zerokv.executorch.RuntimeKV"),
+    ):
+        if value is not None and not isinstance(value, expected):
+            raise ZeroKVError(f"{name}: expected {described} or None, got {type(value).__name__}")
+    if not isinstance(other_partitioners, (list, tuple)):
+        raise ZeroKVError(f"other_partitioners: expected a list of ExecuTorch Partitioners, "
+                          f"got {type(other_partitioners).__name__}")
+    for index, partitioner in enumerate(other_partitioners):
+        if not isinstance(partitioner, Partitioner):
+            raise ZeroKVError(f"other_partitioners[{index}]: expected an ExecuTorch Partitioner, "
+                              f"got {type(partitioner).__name__}")
+    return programs
+
+
 def _marks(program):
     return {
         node.name: {key: node.meta[key] for key in (ALIASED_BUFFER, RUNTIME_KV) if key in node.meta}
@@ -192,18 +232,24 @@ def _refuse_shared_device_buffers(config):
             "share their storage between methods")
 
 
-def _has_zero_copy_delegate(manager) -> bool:
+def _has_zero_copy(manager) -> bool:
+    """Whether any method has a zero-copy delegate or a cache marked for one."""
     for method in manager.methods:
-        for _, lowered in delegate_nodes(manager.exported_program(method).graph_module):
-            if is_zerokv_delegate(lowered) and parsed_blob(lowered).aliased_outputs_elided:
-                return True
+        exported_program = manager.exported_program(method)
+        if any(ALIASED_BUFFER in node.meta for node in exported_program.graph.find_nodes(op="placeholder")):
+            return True
+        if any(parsed.aliased_outputs_elided for _, _, parsed in zerokv_delegates(exported_program.graph_module)):
+            return True
     return False
 
 
 def save(manager, path: str):
     """Writes the .pte of `manager` to `path`, after check_zero_copy_kv when it has zero-copy
     delegates. The file is written whole or not at all (an existing file is never left truncated)."""
-    if _has_zero_copy_delegate(manager):
+    if not isinstance(manager, ExecutorchProgramManager):
+        raise ZeroKVError(f"manager: expected the ExecutorchProgramManager zerokv.executorch.export returns, "
+                          f"got {type(manager).__name__}")
+    if _has_zero_copy(manager):
         check_zero_copy_kv(manager)
     directory = os.path.dirname(os.path.abspath(path))
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".zerokv-", delete=False) as out:

@@ -12,17 +12,25 @@ from executorch.exir.backend.backend_details import BackendDetails, PreprocessRe
 from torch.export.graph_signature import InputKind
 
 from zerokv import blob
+from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named, is_kv_write, written_back
+from zerokv.executorch.engines import (
+    ENGINE_KINDS,
+    EngineBuildError,
+    engine_module,
+    engine_named,
+    is_kv_write,
+    written_back,
+)
 from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
 ALIASED_BUFFER = "zerokv_aliased_buffer"
 
 
-class ZeroCopyError(RuntimeError):
-    """Zero-copy KV cannot be applied as asked; the message names the buffer and the method."""
+class ZeroCopyError(ZeroKVError, RuntimeError):
+    """Zero-copy KV cannot be applied as asked; the message names the buffer, the method and the fix."""
 
 
 def _describe(method, user_inputs):
@@ -34,7 +42,7 @@ class ZeroKVBackend(BackendDetails):
     def preprocess(edge_program, compile_specs) -> PreprocessResult:
         engine_name = specs.read(compile_specs, specs.ENGINE)
         if engine_name not in ENGINE_KINDS:
-            raise ValueError(f"compile spec {specs.ENGINE}={engine_name!r}: expected one of {sorted(ENGINE_KINDS)}")
+            raise ZeroKVError(f"compile spec {specs.ENGINE}={engine_name!r}: expected one of {sorted(ENGINE_KINDS)}")
         device = specs.read(compile_specs, specs.TARGET_DEVICE, "cuda:0")
         device_index = specs.parse_device(device)
         method = specs.read(compile_specs, specs.METHOD, "forward")
@@ -55,7 +63,11 @@ class ZeroKVBackend(BackendDetails):
 
         engine = engine_named(engine_name, **engine_options_from_specs(engine_name, compile_specs))
         in_place = [*promised, *(node.name for node in runtime_owned)]
-        build = engine.build(engine_program(edge_program, in_place, delegate), in_place, device)
+        program = engine_program(edge_program, in_place, delegate)
+        try:
+            build = engine.build(program, in_place, device)
+        except ZeroKVError as error:
+            raise EngineBuildError(f"{delegate}: the {engine_name} engine cannot build it: {error}") from error
 
         aliased_inputs = {alias.input for alias in build.aliased_io}
         missing_runtime = {node.name for node in runtime_owned} - aliased_inputs
@@ -67,7 +79,8 @@ class ZeroKVBackend(BackendDetails):
         if lost:
             raise ZeroCopyError(
                 f"{delegate}: the engine does not write {sorted(promised[name] for name in lost)} in place, "
-                "though their copy-back was removed on that promise; the update would be lost")
+                "though their copy-back was removed on that promise; the update would be lost. Export with "
+                "zero_copy_kv=False to keep ExecuTorch's copy-back")
         unpromised = aliased_inputs - set(promised)
         if unpromised:
             raise ZeroCopyError(
@@ -118,7 +131,8 @@ def _refuse_cache_value_outputs(edge_program, promised, delegate):
             if write in returned:
                 raise ZeroCopyError(
                     f"{delegate}: the updated value of cache '{buffer}' is read outside the delegate; "
-                    "zero-copy KV needs every read of it in the delegate that writes it")
+                    "zero-copy KV needs every read of it in the delegate that writes it: let the engine run "
+                    "that read, or export with zero_copy_kv=False to keep ExecuTorch's copy-back")
 
 
 def engine_options_from_specs(engine_name, compile_specs):

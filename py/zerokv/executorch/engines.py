@@ -23,6 +23,7 @@ from torch import fx
 
 from zerokv import blob
 from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv.errors import ZeroKVError
 
 # Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
 DIM_ORDER_OPS = {
@@ -33,7 +34,7 @@ DIM_ORDER_OPS = {
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
 
 
-class EngineBuildError(RuntimeError):
+class EngineBuildError(ZeroKVError, RuntimeError):
     """The engine could not be built for a delegate; the message names the delegate and why."""
 
 
@@ -215,12 +216,23 @@ def planned_for(engine, config, methods):
     return dataclasses.replace(config, memory_planning_pass=planners)
 
 
+def check_option_names(engine: str, options, known):
+    """Refuses engine_options that are not a dict of `known` names (ZeroKVError naming the option)."""
+    if not isinstance(options, dict):
+        raise ZeroKVError(f"engine_options: expected a dict of {engine} engine options {sorted(known)}, "
+                          f"got {type(options).__name__}")
+    unknown = sorted(set(options) - set(known), key=str)
+    if unknown:
+        raise ZeroKVError(f"engine_options: unknown option {', '.join(map(repr, unknown))} for engine {engine!r}; "
+                          f"known: {sorted(known)}")
+
+
 def engine_named(name: str, **options):
     if name == "aoti":
         return AotiEngine(**options)
     if name == "tensorrt":
         return TensorRTEngine(**options)
-    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")
+    raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")
 
 
 def engine_module(name: str):
@@ -233,4 +245,4 @@ def engine_module(name: str):
         from zerokv.executorch import tensorrt_engine
 
         return tensorrt_engine
-    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")
+    raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")

@@ -55,6 +55,7 @@ class ZeroKVPartitioner(Partitioner):
     def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None,
                  placeholder_marks=None, export_ranges=None):
         specs.parse_device(device)
+        option_specs = _engine_option_specs(engine, engine_options)
         self.engine_name = engine
         self.engine = engine_named(engine, **(engine_options or {}))
         self.placeholder_marks = placeholder_marks or {}
@@ -66,7 +67,7 @@ class ZeroKVPartitioner(Partitioner):
                 CompileSpec(specs.ENGINE, engine.encode()),
                 CompileSpec(specs.METHOD, method.encode()),
                 CompileSpec(specs.ZERO_COPY_KV, b"1" if zero_copy_kv else b"0"),
-                *_engine_option_specs(engine, engine_options),
+                *option_specs,
             ],
         )
 

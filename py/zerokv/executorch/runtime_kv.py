@@ -25,6 +25,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.utils import _pytree as pytree
 
 from zerokv import blob
+from zerokv.errors import ZeroKVError
 from zerokv.executorch.engines import is_kv_write, value_readers, write_backs, written_back
 
 # Node meta key on a runtime-owned cache input: its RuntimeKVBinding.
@@ -32,7 +33,7 @@ RUNTIME_KV = "zerokv_runtime_kv"
 POSITIONS_DIM = 2
 
 
-class RuntimeKVError(ValueError):
+class RuntimeKVError(ZeroKVError, ValueError):
     """A runtime_kv declaration does not fit the program; the message names the input and method."""
 
 

@@ -1,5 +1,7 @@
 """The compile specs a zerokv delegate carries (keys; values are UTF-8 bytes)."""
 
+from zerokv.errors import ZeroKVError
+
 # Read by ExecuTorch's PropagateDevicePass: b"cuda:N".
 TARGET_DEVICE = "target_device"
 # b"aoti" or b"tensorrt".
@@ -20,7 +22,7 @@ def read(compile_specs, key, default=None) -> str | None:
 
 def parse_device(device: str) -> int:
     """The index N of a "cuda:N" device string."""
-    kind, _, index = device.partition(":")
+    kind, _, index = device.partition(":") if isinstance(device, str) else ("", "", "")
     if kind != "cuda" or not index.isdigit():
-        raise ValueError(f"device {device!r}: zerokv delegates run on 'cuda:N'")
+        raise ZeroKVError(f"device {device!r}: zerokv delegates run on 'cuda:N'")
     return int(index)

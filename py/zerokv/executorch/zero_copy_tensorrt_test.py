@@ -288,11 +288,11 @@ def test_a_program_finalized_without_unstaging_is_refused_by_the_check():
 
 
 def test_bad_arguments_are_refused_naming_what_is_wrong():
-    with pytest.raises(TypeError, match="method 'decode': expected an ExportedProgram, got Linear"):
+    with pytest.raises(zx.ZeroKVError, match="method 'decode': expected an ExportedProgram, got Linear"):
         zx.export({"decode": torch.nn.Linear(2, 2)}, engine="tensorrt")
-    with pytest.raises(ValueError, match="unknown engine 'onnx'"):
+    with pytest.raises(zx.ZeroKVError, match="unknown engine 'onnx'"):
         zx.export(_decoder_program(), engine="onnx")
-    with pytest.raises(ValueError, match="device 'cpu'"):
+    with pytest.raises(zx.ZeroKVError, match="device 'cpu'"):
         zx.export(_decoder_program(), engine="tensorrt", device="cpu")
     with pytest.raises(zx.RuntimeKVError, match="needs 0 < initial_capacity"):
         zx.KVCacheLayer("k", "v", max_capacity=8, initial_capacity=16)

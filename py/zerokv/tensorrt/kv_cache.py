@@ -14,7 +14,7 @@ import dataclasses
 import torch
 
 from zerokv.kvwrite import ContiguousWrite, DeclinedWrite, KVWriteAnalysis, KVWriteOp
-from zerokv.tensorrt.network import Extent, NetworkContext, is_tensor
+from zerokv.tensorrt.network import ConversionError, Extent, NetworkContext, is_tensor
 
 KV_CACHE_UPDATE = "kv_cache_update"
 
@@ -60,7 +60,7 @@ def convert_kv_write(
     op = analysis.op
     if op is None:
         # Not even decomposable into cache, update and positions: nothing we can write.
-        raise ValueError(f"KV write '{analysis.node.name}' cannot be lowered: {analysis.reason}")
+        raise ConversionError(analysis.node, f"the KV write cannot be lowered: {analysis.reason}")
     cache_name = op.cache.name
     if isinstance(analysis, ContiguousWrite):
         try:
@@ -148,7 +148,7 @@ def _scatter(ctx: NetworkContext, op: KVWriteOp):
         start: Extent = ctx.value(op.slice_start) if op.slice_start is not None else 0
         step = op.slice_step
         if not isinstance(step, int):
-            raise ValueError(f"KV write '{op.node.name}' slices with a non-static step")
+            raise ConversionError(op.node, "the KV write slices with a non-static step")
         update = ctx.broadcast_to(update, _slice_extents(ctx, cache, update, dim))
         positions = ctx.arange(ctx.extent(update, dim), start, step)
     index_extents: list[Extent] = [1] * rank

@@ -20,6 +20,7 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
+from zerokv.errors import ZeroKVError
 from zerokv.kvwrite import analyze_kv_write, exported_program_constants, is_kv_write
 from zerokv.kvwrite.folding import fold_constants as fold_graph_constants
 from zerokv.tensorrt import converters as _converters
@@ -29,11 +30,11 @@ from zerokv.tensorrt.profiles import Profile, ProfileError, ResolvedProfile, res
 from zerokv.tensorrt.trt_module import flavor, import_tensorrt
 
 
-class AliasingPromiseError(RuntimeError):
+class AliasingPromiseError(ZeroKVError, RuntimeError):
     """A cache promised to be updated in place was not; its update would be lost."""
 
 
-class PlanBuildError(RuntimeError):
+class PlanBuildError(ZeroKVError, RuntimeError):
     """TensorRT refused to build the network; the message carries its errors."""
 
 

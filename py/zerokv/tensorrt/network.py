@@ -14,10 +14,11 @@ import numpy as np
 import torch
 from torch import fx
 
+from zerokv.errors import ZeroKVError
 from zerokv.tensorrt.trt_module import import_tensorrt
 
 
-class ConversionError(ValueError):
+class ConversionError(ZeroKVError, ValueError):
     """An FX node could not be expressed in the TensorRT network; the message names it."""
 
     def __init__(self, node: fx.Node | None, message: str):
