@@ -80,7 +80,7 @@ Status Resize(Tensor& tensor, const std::vector<int64_t>& shape) {
 struct Delegate::Plan {
   std::vector<Tensor*> tensors;  // the argument's tensor; nullptr for an elided output
   std::vector<bool> staged;
-  bool needs_synchronize = false;
+  bool synchronize = false;  // finish the stream before returning: host outputs, or our own stream
   uint64_t step = 0;  // tokens this execute writes into the runtime-owned caches
 };
 
@@ -354,14 +354,14 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
     }
     if (wants_device && !planned_on_device && cuda_engine) {
       plan->staged[i] = true;
-      if (!input) plan->needs_synchronize = true;
+      if (!input) plan->synchronize = true;
     }
   }
   // A non-elided aliased output that the caller reads on the host needs its copy finished too.
   for (size_t i = 0; i < bindings_.size(); ++i) {
     if (bindings_[i].aliased_input && plan->tensors[i] && cuda_engine &&
         plan->tensors[i]->device_type() != DeviceType::CUDA) {
-      plan->needs_synchronize = true;
+      plan->synchronize = true;
     }
   }
   if (!caches_.empty()) {
@@ -389,7 +389,10 @@ Status Delegate::Execute(Span<EValue*> args) {
   Plan plan;
   ZEROKV_RETURN_IF_ERROR(Validate(args, &plan));
 
-  StreamHandle stream = CurrentCallerStream() ? CurrentCallerStream() : own_stream_;
+  const std::optional<StreamHandle> caller_stream = CurrentCallerStream();
+  StreamHandle stream = caller_stream ? *caller_stream : own_stream_;
+  // Nothing outside zerokv can order work after our own stream: finish it before returning.
+  if (!caller_stream && own_stream_) plan.synchronize = true;
   if (in_flight_) {
     // The last execute's work (possibly on another stream) reads and writes the same staging
     // buffers and caches: order this one after it without blocking the host.
@@ -492,7 +495,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
                                       stream));
   }
 
-  if (plan.needs_synchronize) return ops_->SynchronizeStream(stream);
+  if (plan.synchronize) return ops_->SynchronizeStream(stream);
   if (done_event_) {
     ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(done_event_, stream));
     in_flight_ = true;

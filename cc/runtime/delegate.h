@@ -12,12 +12,15 @@
 // A host-resident alias target is refused, because staging it would discard the update.
 //
 // Staging: a non-aliased argument that is host-resident while its binding is on CUDA, on a CUDA
-// engine, goes through a delegate-owned device buffer (inputs copied in, outputs copied out). Only
-// a staged output makes execute synchronize; otherwise it returns with the work in flight.
+// engine, goes through a delegate-owned device buffer (inputs copied in, outputs copied out).
 //
-// Streams: the caller's stream (CallerStreamGuard) when one is set, else a stream of the
-// delegate's own. An event recorded at the end of each unsynchronized execute is waited on by the
-// next execute's stream and drained before destruction.
+// Streams: the caller's stream when a CallerStreamGuard is live (over nullptr: the legacy default
+// stream), else a stream of the delegate's own. Without a caller stream nothing outside zerokv can
+// order work after ours, so execute finishes its own stream before returning, whatever reads the
+// results next (ExecuTorch's copies through any DeviceAllocator, a device-resident method output,
+// another backend). On a caller stream execute returns with the work in flight (a staged output
+// excepted: the caller reads it on the host) and records an event that the next execute's stream
+// waits on and destruction drains.
 //
 // Runtime-owned KV caches (the blob's kv_layers): their K and V inputs, and the outputs aliased to
 // them, are not arguments. Each layer's storage comes from the KVCacheRegistry by storage_key

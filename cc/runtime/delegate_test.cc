@@ -130,7 +130,7 @@ TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   Status status = delegate_->Execute(Span<EValue*>(args, 3));
   ASSERT_TRUE(status.ok()) << status.message();
 
-  // The engine wrote through the caller's pointer, and nothing was copied or waited for.
+  // The engine wrote through the caller's pointer, and nothing was copied.
   EXPECT_EQ(engine_->bound["k_cache_out"].data, cache.data());
   EXPECT_EQ(engine_->bound["k_cache"].data, cache.data());
   EXPECT_EQ(delegate_->bound_address("k_cache_out"), cache.data());
@@ -138,8 +138,6 @@ TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   EXPECT_EQ(cache.data()[(kPositions + 5) * 4], 7.0f);
   EXPECT_EQ(cache.data()[4 * 4], 0.0f);
   EXPECT_TRUE(record_.copies.empty());
-  EXPECT_EQ(record_.synchronizations, 0);
-  EXPECT_EQ(record_.events_recorded, 1);
   // The output was resized to what the engine produced.
   EXPECT_EQ(logits.tensor().size(1), 1);
 }
@@ -153,6 +151,8 @@ TEST_F(DelegateTest, NextExecuteWaitsOnTheInFlightEventAndDestroyDrainsIt) {
   record_.device_memory.insert(logits.data());
   EValue* args[] = {tokens.value(), cache.value(), logits.value()};
 
+  int caller_stream = 0;
+  CallerStreamGuard guard(&caller_stream);
   for (int64_t position : {2, 3}) {
     tokens.data()[0] = position;
     Status status = delegate_->Execute(Span<EValue*>(args, 3));
@@ -187,9 +187,73 @@ TEST_F(DelegateTest, RunsOnTheCallersStreamWhenOneIsSet) {
     ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
     EXPECT_EQ(engine_->last_stream, &caller_stream);
   }
-  EXPECT_EQ(CurrentCallerStream(), nullptr);
+  EXPECT_FALSE(CurrentCallerStream().has_value());
   ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
   EXPECT_EQ(engine_->last_stream, own_stream);
+}
+
+// Without a caller stream nothing outside zerokv can order work after the delegate's own stream
+// (not ExecuTorch's output copies through any DeviceAllocator, not the reader of a device-resident
+// output), so execute finishes that stream before it returns.
+TEST_F(DelegateTest, WithoutACallerStreamExecuteFinishesItsOwnStreamBeforeReturning) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  for (int step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+    ASSERT_NE(engine_->last_stream, nullptr);
+    EXPECT_EQ(record_.synchronized_streams,
+              std::vector<StreamHandle>(static_cast<size_t>(step), engine_->last_stream));
+  }
+  // Finished work leaves nothing for the next execute to wait on.
+  EXPECT_EQ(record_.stream_waits, 0);
+  EXPECT_TRUE(record_.copies.empty());
+}
+
+// Under a caller stream the caller orders its own consumers: execute returns with the work in
+// flight, and a later execute on another stream waits for it on the device.
+TEST_F(DelegateTest, UnderACallerStreamExecuteReturnsWithTheWorkInFlight) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  int caller_stream = 0;
+  {
+    CallerStreamGuard guard(&caller_stream);
+    ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  }
+  EXPECT_EQ(record_.synchronizations, 0);
+  EXPECT_EQ(record_.events_recorded, 1);
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(record_.stream_waits, 1);
+  EXPECT_EQ(record_.synchronized_streams, std::vector<StreamHandle>{engine_->last_stream});
+}
+
+// A guard over nullptr selects the legacy default stream; it is not "no caller stream".
+TEST_F(DelegateTest, AnExplicitlyNullCallerStreamSelectsTheLegacyDefaultStream) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  CallerStreamGuard guard(nullptr);
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(engine_->enqueue_count, 1);
+  EXPECT_EQ(engine_->last_stream, nullptr);
+  EXPECT_EQ(record_.synchronizations, 0);
+  EXPECT_EQ(record_.events_recorded, 1);
 }
 
 TEST_F(DelegateTest, WrongArgumentCountIsRefusedWithTheCacheUntouched) {
@@ -513,8 +577,9 @@ TEST_F(RuntimeKvTest, DecodesPastTheInitialCapacityGrowingAndKeepingContents) {
     EXPECT_EQ(K(*delegate_, 32, 1, position), static_cast<float>(position + 1)) << position;
   }
   EXPECT_EQ(K(*delegate_, 32, 1, 20), 0.0f);  // grown storage is zeroed
-  // Growth and use on the delegate's stream, ordered by the cache's event; no host block.
-  EXPECT_EQ(record_.synchronizations, 0);
+  // Growth and use on the delegate's own stream, which each execute finishes before returning;
+  // the host blocks for nothing else.
+  EXPECT_EQ(record_.synchronizations, 20);
 }
 
 TEST_F(RuntimeKvTest, StepWidthComesFromTheSourceArgumentsExtent) {

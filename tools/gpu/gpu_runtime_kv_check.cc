@@ -21,6 +21,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -169,7 +170,8 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     CHECK(Execute(backend, prefill, steps[0]) == Error::Ok, "prefill");
     for (size_t i = 1; i < steps.size(); ++i) {
       CHECK(Execute(backend, decode, steps[i]) == Error::Ok, "decode step %zu", i);
@@ -205,7 +207,8 @@ int main(int argc, char** argv) {
   CUDA_OK(cudaMemset(steps[0].out, 0xff, steps[0].elements() * 2));
   CHECK(steps[0].out_tensor->tensor().size(2) == kPrefill, "output not resized to the step");
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     CHECK(Execute(backend, prefill, steps[0]) == Error::Ok, "prefill after reset");
   }
   CUDA_OK(cudaDeviceSynchronize());

@@ -26,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <map>
 #include <memory>
 #include <string>
@@ -140,7 +141,8 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   ZeroKVCacheMetrics metrics{};
   std::vector<double> growing_steps, plain_steps;  // decode step times (ms), with and without a growth
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     auto logits = Step(module, "prefill", std::vector<int64_t>(tokens.begin(), tokens.begin() + prompt), 0);
     Compare(logits, reference.data(), vocab, "prefill", 0, &min_cosine, &max_error);
     for (int64_t step = 0; step < steps; ++step) {

@@ -25,6 +25,7 @@ class CountingDeviceOps final : public DeviceOps {
   struct Record {
     std::vector<Copied> copies;
     int synchronizations = 0;  // stream or event: the host blocked
+    std::vector<StreamHandle> synchronized_streams;  // SynchronizeStream's arguments, in order
     int stream_waits = 0;
     int events_recorded = 0;
     int streams_created = 0;
@@ -101,8 +102,9 @@ class CountingDeviceOps final : public DeviceOps {
     ++record_->synchronizations;
     return Status::Ok();
   }
-  Status SynchronizeStream(StreamHandle) override {
+  Status SynchronizeStream(StreamHandle stream) override {
     ++record_->synchronizations;
+    record_->synchronized_streams.push_back(stream);
     return Status::Ok();
   }
   bool IsDeviceMemory(const void* data) const override {
