@@ -152,8 +152,10 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
       logits = Step(module, "decode", {tokens[position]}, position);
       const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
       Compare(logits, reference.data() + position * vocab, vocab, "decode", position, &min_cosine, &max_error);
-      CHECK(zerokv_kv_metrics_sum("", &metrics) == layers, "expected %lld runtime-owned caches",
-            static_cast<long long>(layers));
+      ZeroKVSequence* caches = zerokv_kv_implicit_sequence();  // the one Module's, loaded without one
+      CHECK(caches != nullptr && zerokv_kv_sequence_metrics(caches, &metrics) == layers,
+            "expected %lld runtime-owned caches", static_cast<long long>(layers));
+      zerokv_kv_sequence_release(caches);
       CHECK(metrics.length == uint64_t((position + 1) * layers), "decode at %lld: %llu positions committed",
             static_cast<long long>(position), static_cast<unsigned long long>(metrics.length / layers));
       (metrics.growths > growths_before ? growing_steps : plain_steps).push_back(elapsed);

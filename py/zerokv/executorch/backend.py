@@ -15,7 +15,7 @@ from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.engine_program import engine_program
 from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named
-from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
+from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, positions_binding, step_width_source
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
 ALIASED_BUFFER = "zerokv_aliased_buffer"
@@ -80,6 +80,7 @@ class ZeroKVBackend(BackendDetails):
             aliased_io=build.aliased_io,
             kv_layers=manifest_layers(runtime_owned, build.bindings, delegate),
             step_width_source=step_width_source(runtime_owned, arguments, delegate),
+            positions_binding=positions_binding(runtime_owned, arguments, delegate),
         )
         delegate_signature = blob.delegate_signature(metadata, elided)
         outputs = len(signature.user_outputs)
