@@ -126,6 +126,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
 
   std::unique_ptr<Delegate> created(new Delegate(std::move(engine), std::move(ops)));
   created->method_ = method;
+  created->device_id_ = blob.device_id;
   created->aliased_outputs_elided_ = blob.aliased_outputs_elided;
   for (const blob::IOBinding& spec : metadata.bindings) {
     Binding binding;
@@ -388,6 +389,14 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
     // Residency is where ExecuTorch planned the buffer; on a CUDA engine the hardware must agree.
     const bool planned_on_device = tensor.device_type() == DeviceType::CUDA;
     const bool wants_device = binding.spec.device == blob::Device::kCuda;
+    if (planned_on_device && cuda_engine && tensor.device_index() != device_id_) {
+      return InvalidArgument(what + " is planned on cuda:" + std::to_string(tensor.device_index()) +
+                             ", but the delegate runs on cuda:" + std::to_string(device_id_));
+    }
+    if (planned_on_device && cuda_engine && !wants_device) {
+      return InvalidArgument(what + " is planned in CUDA memory, but the engine reads it on the host "
+                                    "(its binding is CPU in the blob)");
+    }
     if (planned_on_device && cuda_engine && tensor.nbytes() != 0 &&
         !ops_->IsDeviceMemory(tensor.const_data_ptr())) {
       return InvalidArgument(what + " is planned in CUDA memory but its pointer is not CUDA "

@@ -134,6 +134,7 @@ class Delegate {
   std::shared_ptr<DeviceOps> ops_;  // shared with the KV caches this delegate created
   std::vector<Binding> bindings_;
   std::string method_;
+  int device_id_ = 0;  // the CUDA device an engine on CUDA runs on
   std::vector<Layer> layers_;
   std::shared_ptr<kvcache::Sequence> home_;  // where loads placed the caches; executes default here
   std::vector<std::shared_ptr<kvcache::KVCache>> caches_;  // of sequence_id_, indexed like layers_

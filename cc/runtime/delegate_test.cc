@@ -508,6 +508,24 @@ class RuntimeKvTest : public DelegateTest {
   static float K(const Delegate& delegate, int64_t capacity, int64_t row, int64_t position) {
     return static_cast<const float*>(delegate.bound_address("k"))[(row * capacity + position) * 4];
   }
+  // Everything a refused step must leave as it was: the cache's contents, length and position.
+  struct CacheState {
+    std::vector<uint8_t> k, v;
+    uint64_t length = 0, position = 0, capacity = 0;
+    bool operator==(const CacheState& other) const {
+      return k == other.k && v == other.v && length == other.length &&
+             position == other.position && capacity == other.capacity;
+    }
+  };
+  static CacheState Snapshot(const std::string& key) {
+    std::shared_ptr<kvcache::KVCache> cache = kvcache::Sequence::FindImplicit()->Find(key);
+    const auto* k = static_cast<const uint8_t*>(cache->k());
+    const auto* v = static_cast<const uint8_t*>(cache->v());
+    const size_t bytes = cache->bytes_per_tensor();
+    const kvcache::KVCacheMetrics metrics = cache->metrics();
+    return CacheState{std::vector<uint8_t>(k, k + bytes), std::vector<uint8_t>(v, v + bytes),
+                      metrics.length, metrics.position, metrics.capacity};
+  }
   // What the engine was bound to for an int64 input, `count` values.
   std::vector<int64_t> Bound64(const std::string& name, size_t count) {
     const auto* data = static_cast<const int64_t*>(engine_->bound[name].data);
@@ -647,23 +665,111 @@ TEST_F(RuntimeKvTest, FailedEngineRunDoesNotAdvanceTheCache) {
   EXPECT_EQ(logits_->data()[0], 5.0f);
 }
 
-TEST_F(RuntimeKvTest, StepPastMaxCapacityIsRefusedBeforeAnythingIsBound) {
+TEST_F(RuntimeKvTest, AStepWiderThanTheRemainingCapacityIsRefusedBeforeAnythingIsBound) {
   const std::string key = "delegate_test.full";
   blob::Blob blob = RuntimeKvBlob(key, 4, 8, Dim{4, 8});
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
   ASSERT_TRUE(Step(*delegate_, 0, 4).ok());
-  ASSERT_TRUE(Step(*delegate_, 4, 4).ok());
+  ASSERT_TRUE(Step(*delegate_, 4, 2).ok());
+  const CacheState before = Snapshot(key);
   const int enqueued = engine_->enqueue_count;
   const int waits = record_.stream_waits;
-  Status refused = Step(*delegate_, 8, 1);
+  Status refused = Step(*delegate_, 6, 3);  // 2 positions remain
   EXPECT_EQ(refused.code(), Error::InvalidArgument);
-  EXPECT_NE(refused.message().find("'tokens' (argument 0) makes this step write 1 tokens"),
+  EXPECT_NE(refused.message().find("input 'tokens' (argument 0) makes this step write 3 tokens "
+                                   "into KV storage 'delegate_test.full'"),
             std::string::npos)
       << refused.message();
-  EXPECT_NE(refused.message().find("max_capacity of 8"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("a step of 3 tokens after 6 would exceed the KV cache's "
+                                   "max_capacity of 8"),
+            std::string::npos)
+      << refused.message();
   EXPECT_EQ(engine_->enqueue_count, enqueued);
   EXPECT_EQ(record_.stream_waits, waits);
+  EXPECT_TRUE(Snapshot(key) == before);
+  ASSERT_TRUE(Step(*delegate_, 6, 2).ok());  // what fits still does
   EXPECT_EQ(Metrics(key).length, 8u);
+}
+
+// A method whose tensors do not match the blob (dtype, rank, extent, device) is refused before
+// anything is bound, naming the argument; every cache keeps its contents, length and position.
+TEST_F(RuntimeKvTest, BadArgumentsAreRefusedNamingTheInputWithEveryCacheUnchanged) {
+  const std::string key = "delegate_test.bad_arguments";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 3; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  const CacheState before = Snapshot(key);
+  const int enqueued = engine_->enqueue_count;
+
+  auto device_tensor = [&](ScalarType type, std::vector<int32_t> sizes, int8_t index = 0) {
+    auto tensor = std::make_unique<OwnedTensor<int64_t>>(type, sizes, ET::CUDA, nullptr, index);
+    record_.device_memory.insert(tensor->data());
+    return tensor;
+  };
+  struct Case {
+    const char* what;
+    std::unique_ptr<OwnedTensor<int64_t>> tokens, position, logits;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"tokens dtype", device_tensor(ScalarType::Int, {1, 1}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has dtype Int, the blob INT64"});
+  cases.push_back({"tokens rank", device_tensor(ScalarType::Long, {1, 1, 1}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has rank 3, the blob 2"});
+  cases.push_back({"tokens extent", device_tensor(ScalarType::Long, {1, 5}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has shape [1, 5]; dim 1 must lie in [1, 4]"});
+  cases.push_back({"position dtype", nullptr, device_tensor(ScalarType::Int, {1}), nullptr,
+                   "input 'position' (argument 1) has dtype Int, the blob INT64"});
+  cases.push_back({"position rank", nullptr, device_tensor(ScalarType::Long, {1, 1}), nullptr,
+                   "input 'position' (argument 1) has rank 2, the blob 1"});
+  cases.push_back({"logits dtype", nullptr, nullptr, device_tensor(ScalarType::Long, {1, 4, 3}),
+                   "output 'logits' (argument 2) has dtype Long, the blob FLOAT32"});
+  cases.push_back({"tokens device", std::make_unique<OwnedTensor<int64_t>>(
+                                        ScalarType::Long, std::vector<int32_t>{1, 1}, ET::CUDA),
+                   nullptr, nullptr,
+                   "input 'tokens' (argument 0) is planned in CUDA memory but its pointer is not "
+                   "CUDA memory"});
+  cases.push_back({"tokens device index", device_tensor(ScalarType::Long, {1, 1}, 1), nullptr,
+                   nullptr, "input 'tokens' (argument 0) is planned on cuda:1, but the delegate "
+                            "runs on cuda:0"});
+  for (Case& bad : cases) {
+    OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+    OwnedTensor<int64_t> position(ScalarType::Long, {1}, ET::CUDA);
+    OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+    for (const void* data : {static_cast<const void*>(tokens.data()),
+                             static_cast<const void*>(position.data()),
+                             static_cast<const void*>(logits.data())}) {
+      record_.device_memory.insert(data);
+    }
+    EValue* args[] = {bad.tokens ? bad.tokens->value() : tokens.value(),
+                      bad.position ? bad.position->value() : position.value(),
+                      bad.logits ? bad.logits->value() : logits.value()};
+    Status refused = delegate_->Execute(Span<EValue*>(args, 3));
+    EXPECT_EQ(refused.code(), Error::InvalidArgument) << bad.what;
+    EXPECT_NE(refused.message().find(bad.message), std::string::npos)
+        << bad.what << ": " << refused.message();
+    EXPECT_EQ(engine_->enqueue_count, enqueued) << bad.what;
+    EXPECT_TRUE(Snapshot(key) == before) << bad.what;
+  }
+  ASSERT_TRUE(Step(*delegate_, 0, 1).ok());
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{3});
+}
+
+// A binding the engine reads on the host (the blob says CPU) cannot take a CUDA-planned tensor on
+// a CUDA engine: the engine would dereference a device pointer on the host.
+TEST_F(RuntimeKvTest, ADevicePlannedArgumentOfAHostBindingIsRefused) {
+  const std::string key = "delegate_test.host_binding";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  blob.metadata.bindings[0].device = Device::kCpu;  // tokens
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  const Status refused = Step(*delegate_, 0, 1);
+  EXPECT_EQ(refused.code(), Error::InvalidArgument);
+  EXPECT_NE(refused.message().find("input 'tokens' (argument 0) is planned in CUDA memory, but the "
+                                   "engine reads it on the host"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(engine_->enqueue_count, 0);
+  EXPECT_EQ(Metrics(key).length, 0u);
 }
 
 TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
