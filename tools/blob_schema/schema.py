@@ -133,8 +133,8 @@ STRUCTS = [
             # A runtime-owned cache: the K and V input bindings the runtime binds to its storage.
             ("k_binding", NAME),
             ("v_binding", NAME),
-            # Delegates of one program that name the same key share this layer's storage (e.g. the
-            # prefill and decode methods); by convention the cache buffer's fully qualified name.
+            # Delegates of one program that name the same key share this layer's storage within a
+            # sequence (e.g. the prefill and decode methods); unique per export.
             ("storage_key", NAME),
             ("dtype", enum("DType")),
             ("heads", "u32"),
