@@ -57,7 +57,7 @@ class Report:
 
 class _KVMetrics(ctypes.Structure):
     _fields_ = [(name, ctypes.c_uint64) for name in
-                ("bytes_reserved", "bytes_in_use", "growths", "bytes_moved", "length", "capacity")]
+                ("bytes_reserved", "bytes_in_use", "growths", "bytes_moved", "length", "capacity", "position")]
 
 
 def load_backend(path: str):
@@ -69,7 +69,9 @@ def load_backend(path: str):
     library = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_GLOBAL)
     for counter in ("zerokv_host_to_device_bytes", "zerokv_device_to_host_bytes"):
         getattr(library, counter).restype = ctypes.c_uint64
-    library.zerokv_kv_metrics_sum.argtypes = [ctypes.c_char_p, ctypes.POINTER(_KVMetrics)]
+    library.zerokv_kv_implicit_sequence.restype = ctypes.c_void_p
+    library.zerokv_kv_sequence_metrics.argtypes = [ctypes.c_void_p, ctypes.POINTER(_KVMetrics)]
+    library.zerokv_kv_sequence_release.argtypes = [ctypes.c_void_p]
     return library
 
 
@@ -109,8 +111,11 @@ def run_decode(library, program_path: str, config, *, seed: int, prompt_length: 
         compare(logits, token, position)
         token = logits.argmax(-1)
     metrics = _KVMetrics()
-    # One cache (K and V) per layer; this process loads one program, so every key is ours.
-    if library.zerokv_kv_metrics_sum(b"", ctypes.byref(metrics)) != config.layers:
+    # One cache (K and V) per layer, in the implicit sequence: the program was loaded without one.
+    sequence = library.zerokv_kv_implicit_sequence()
+    caches = library.zerokv_kv_sequence_metrics(sequence, ctypes.byref(metrics))
+    library.zerokv_kv_sequence_release(sequence)
+    if caches != config.layers:
         raise RuntimeError(f"{program_path}: expected {config.layers} runtime-owned caches (one per layer)")
     return Report(
         prompt_length=prompt_length, steps=steps, step_seconds=step_seconds, copied_bytes_per_step=copied_per_step,

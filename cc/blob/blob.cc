@@ -73,6 +73,61 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
 
 bool SameShape(const std::vector<Dim>& a, const std::vector<Dim>& b) { return a == b; }
 
+// positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills.
+std::optional<Error> ValidateRuntimeIndices(const Metadata& metadata,
+                                            const std::unordered_map<std::string, const IOBinding*>& bindings,
+                                            const std::unordered_set<std::string>& runtime_owned) {
+  auto check = [&](const std::string& name, const std::string& field) -> std::optional<Error> {
+    auto found = bindings.find(name);
+    if (found == bindings.end() || found->second->direction != Direction::kInput || runtime_owned.count(name) != 0) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(name) + " is not a delegate argument input");
+    }
+    const DType dtype = found->second->dtype;
+    if (dtype != DType::kInt32 && dtype != DType::kInt64) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field,
+                    Quote(name) + " is " + ToString(dtype) + ", not INT32 or INT64");
+    }
+    return std::nullopt;
+  };
+  const std::string& positions = metadata.positions_binding;
+  const char* positions_field = "metadata.positions_binding";
+  if (metadata.kv_layers.empty()) {
+    if (!positions.empty()) {
+      return Refuse(ErrorCode::kBadPositionsBinding, positions_field, Quote(positions) + " without a KV manifest");
+    }
+    return std::nullopt;
+  }
+  if (positions.empty()) {
+    return Refuse(ErrorCode::kBadPositionsBinding, positions_field,
+                  "empty, but the runtime supplies the positions of every step over runtime-owned caches");
+  }
+  if (std::optional<Error> error = check(positions, positions_field)) return error;
+  std::unordered_map<std::string, uint64_t> windows;
+  for (size_t i = 0; i < metadata.kv_layers.size(); ++i) {
+    const KVLayer& layer = metadata.kv_layers[i];
+    const std::string field = "metadata.kv_layers[" + std::to_string(i) + "].slots_binding";
+    const std::string& slots = layer.slots_binding;
+    if (layer.policy == KVPolicy::kFlat) {
+      if (!slots.empty()) return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(slots) + " on a flat cache");
+      continue;
+    }
+    if (slots.empty()) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, "empty, but the runtime supplies a ring cache's write slots");
+    }
+    if (slots == positions) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(slots) + " is positions_binding too");
+    }
+    if (std::optional<Error> error = check(slots, field)) return error;
+    auto window = windows.emplace(slots, layer.window).first;
+    if (window->second != layer.window) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field,
+                    Quote(slots) + " serves ring caches of windows " + std::to_string(window->second) + " and " +
+                        std::to_string(layer.window));
+    }
+  }
+  return std::nullopt;
+}
+
 std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided) {
   std::unordered_map<std::string, const IOBinding*> bindings;
   for (size_t i = 0; i < metadata.bindings.size(); ++i) {
@@ -182,6 +237,7 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
     }
   }
 
+  if (std::optional<Error> error = ValidateRuntimeIndices(metadata, bindings, runtime_owned)) return error;
   const std::string& source = metadata.step_width_source;
   const char* source_field = "metadata.step_width_source";
   if (metadata.kv_layers.empty()) {

@@ -17,7 +17,7 @@ depends on key order.
 """
 
 MAGIC = b"ZKVB"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 PAYLOAD_ALIGNMENT = 64
 
 # Scalar field types and their widths in bytes.
@@ -64,6 +64,9 @@ ERROR_CODES = [
     ("ELISION_WITHOUT_ALIASES", "aliased outputs are marked elided but there are none"),
     ("BAD_KV_MANIFEST", "a KV manifest entry is inconsistent or names no binding"),
     ("BAD_STEP_WIDTH_SOURCE", "step_width_source is not 'input_index:dim' naming an input"),
+    ("BAD_POSITIONS_BINDING",
+     "positions_binding or a KV layer's slots_binding is missing where required, present where not, or not an "
+     "int32/int64 delegate argument input of its own"),
 ]
 
 
@@ -130,8 +133,8 @@ STRUCTS = [
             # A runtime-owned cache: the K and V input bindings the runtime binds to its storage.
             ("k_binding", NAME),
             ("v_binding", NAME),
-            # Delegates of one program that name the same key share this layer's storage (e.g. the
-            # prefill and decode methods); by convention the cache buffer's fully qualified name.
+            # Delegates of one program that name the same key share this layer's storage within a
+            # sequence (e.g. the prefill and decode methods); unique per export.
             ("storage_key", NAME),
             ("dtype", enum("DType")),
             ("heads", "u32"),
@@ -141,6 +144,11 @@ STRUCTS = [
             ("window", "u64"),
             ("initial_capacity", "u64"),
             ("max_capacity", "u64"),
+            # Ring caches only: the input binding (a delegate argument, int32 or int64, one element
+            # per token of the step) that the runtime fills before each run with the slots the step
+            # writes, (position + i) mod window: the modulo is the runtime's, never the model's.
+            # Empty for flat caches. Ring layers of one window may share it.
+            ("slots_binding", TEXT),
         ],
     ),
     (
@@ -154,6 +162,11 @@ STRUCTS = [
             # "input_index:dim": the input whose extent along dim is the tokens a step writes; empty
             # when the blob has no runtime-owned caches.
             ("step_width_source", TEXT),
+            # The input binding (a delegate argument, int32 or int64) that the runtime fills before
+            # each run with the step's positions, [length, length + step) from the committed length,
+            # or only the first of them when it holds one element; the caller's tensor supplies the
+            # shape, never the values. Required with kv_layers, empty without.
+            ("positions_binding", TEXT),
         ],
     ),
 ]

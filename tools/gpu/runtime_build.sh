@@ -13,7 +13,7 @@ CUDA_HOME=${CUDA_HOME:-/usr/local/cuda}
 # The runtime's sources (the AOTInductor engine is compiled apart: it sees torch's c10).
 RUNTIME_SOURCES=(cc/blob/blob.cc cc/engines/engine.cc cc/runtime/caller_stream.cc cc/runtime/host_device_ops.cc
                  cc/runtime/cuda_device_ops.cc cc/runtime/delegate.cc cc/runtime/backend.cc
-                 cc/runtime/binding_trace.cc cc/kvcache/kv_cache.cc cc/kvcache/registry.cc cc/kvcache/c_api.cc)
+                 cc/runtime/binding_trace.cc cc/kvcache/kv_cache.cc cc/kvcache/sequence.cc cc/kvcache/c_api.cc)
 
 prepare_build() {
   rm -rf "$BUILD/obj"

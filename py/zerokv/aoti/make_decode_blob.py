@@ -40,7 +40,8 @@ def main():
             engine_kind=blob.EngineKind.AOTI,
             device_id=0,
             aliased_outputs_elided=not args.not_elided,
-            metadata=blob.Metadata(bindings=build.bindings, aliased_io=build.aliased_io, kv_layers=[], step_width_source=""),
+            metadata=blob.Metadata(bindings=build.bindings, aliased_io=build.aliased_io, kv_layers=[], step_width_source="",
+                                   positions_binding=""),
             payload=build.payload,
         )
     )

@@ -23,7 +23,7 @@ from zerokv.executorch.engines import (
     is_kv_write,
     written_back,
 )
-from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
+from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, positions_binding, step_width_source
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
 ALIASED_BUFFER = "zerokv_aliased_buffer"
@@ -93,6 +93,7 @@ class ZeroKVBackend(BackendDetails):
             aliased_io=build.aliased_io,
             kv_layers=manifest_layers(runtime_owned, build.bindings, delegate),
             step_width_source=step_width_source(runtime_owned, arguments, delegate),
+            positions_binding=positions_binding(runtime_owned, arguments, delegate),
         )
         delegate_signature = blob.delegate_signature(metadata, elided)
         # The writes of runtime-owned caches leave the delegate's outputs after lowering (runtime_kv).
