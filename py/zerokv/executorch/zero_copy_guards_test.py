@@ -34,11 +34,22 @@ def _decoder_program():
     return tm.export_decoder(tm.TinyDecoder(tm.arange_plus_offset), 1, torch.tensor([3]))
 
 
+class _Second(torch.nn.Module):
+    """A second decoder whose caches are buffers of their own ("second.layer.k_cache"): two methods
+    writing the same buffers are refused (ExecuTorch would give each method its own copy)."""
+
+    def __init__(self):
+        super().__init__()
+        self.second = tm.TinyDecoder(tm.arange_plus_offset)
+
+    def forward(self, input_ids, offset):
+        return self.second(input_ids, offset)
+
+
 def _two_method_programs():
-    model = tm.TinyDecoder(tm.arange_plus_offset)
     return {
-        "prefill": tm.export_decoder(model, 4, torch.tensor([0])),
-        "decode": tm.export_decoder(model, 1, torch.tensor([4])),
+        "prefill": tm.export_decoder(tm.TinyDecoder(tm.arange_plus_offset), 4, torch.tensor([0])),
+        "decode": tm.export_decoder(_Second(), 1, torch.tensor([4])),
     }
 
 
@@ -244,7 +255,7 @@ def test_a_lost_mark_is_refused_from_the_delegate_side():
     for node in _marked(manager, "decode").values():
         del node.meta[ALIASED_BUFFER]
     with pytest.raises(zx.ZeroCopyError, match=r"method 'decode': the zerokv delegate \w+ writes argument \d+ "
-                                               r"\(b_layer_[kv]_cache\) in place, but it is not marked"):
+                                               r"\(b_second_layer_[kv]_cache\) in place, but it is not marked"):
         zx.check_zero_copy_kv(manager)
 
 
