@@ -1,4 +1,4 @@
-"""Exports the programs of tools/gpu/kv_decode_gpu.cc, on the GPU machine (torch with CUDA, the
+"""Exports the programs of kv_decode_gpu.cc, on the GPU machine (torch with CUDA, the
 executorch wheel; no ExecuTorch Python runtime needed), and measures eager PyTorch there.
 
     kv_decode_gpu_export.py DIR --device=cuda [--contexts 256,1024,4096,8192]
@@ -23,10 +23,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from examples.kv_program import export_program  # noqa: E402
-from examples.llama_decoder import Config, LlamaDecoder  # noqa: E402
+from examples.kv_program import export_program
+from examples.llama_decoder import Config, LlamaDecoder
 
 CHECK_CONFIG = Config()
 CHECK_PROMPT, CHECK_STEPS, CHECK_MAX_CAPACITY, CHECK_INITIAL_CAPACITY = 16, 48, 256, 16

@@ -1,6 +1,6 @@
-// The CUDA check of runtime-owned KV caches, run on the GPU machine by gpu_check.sh: an AOTInductor
-// attention step whose BF16 K and V caches the runtime owns (tools/gpu/make_runtime_kv_blob.py),
-// through ExecuTorch's BackendInterface, the storage in CUDA memory.
+// The CUDA check of runtime-owned KV caches (gpu_runtime_kv_check_test, tagged gpu): an AOTInductor
+// attention step whose BF16 K and V caches the runtime owns (make_runtime_kv_blob.py), through
+// ExecuTorch's BackendInterface, the storage in CUDA memory.
 //
 //   gpu_runtime_kv_check DIR caller-stream|own-stream
 //
@@ -35,7 +35,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 

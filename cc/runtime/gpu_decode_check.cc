@@ -1,4 +1,4 @@
-// The CUDA end-to-end check of the zerokv runtime, run on the GPU machine by gpu_check.sh: a CUDA
+// The CUDA end-to-end check of the zerokv runtime (gpu_decode_check_test, tagged gpu): a CUDA
 // AOTInductor decode step (py/zerokv/aoti/make_decode_blob.py --device cuda) through ExecuTorch's
 // BackendInterface, the cache in cudaMalloc'd memory tagged DeviceType::CUDA.
 //
@@ -30,7 +30,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 

@@ -1,6 +1,6 @@
 // The example's programs on a CUDA GPU through ExecuTorch's Module API, zerokv's backend and its CUDA
-// DeviceAllocator (tools/gpu/kv_decode_gpu.sh builds and runs it; kv_decode_gpu_export.py writes the
-// programs).
+// DeviceAllocator (kv_decode_gpu_test, tagged gpu, runs the check; kv_decode_gpu_bench the bench;
+// kv_decode_gpu_export.py writes the programs).
 //
 //   kv_decode_gpu check DIR own-stream|caller-stream [STEPS]
 //     DIR/kv_decode.pte's prefill, then each decode step, against eager's logits (DIR/reference.bin)
@@ -41,7 +41,7 @@
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 

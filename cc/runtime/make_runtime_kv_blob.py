@@ -1,4 +1,4 @@
-"""Writes the runtime-owned KV check's inputs (gpu_runtime_kv_check.cc), for the GPU machine:
+"""Writes the runtime-owned KV check's inputs (gpu_runtime_kv_check.cc), on the GPU machine:
 
     make_runtime_kv_blob.py OUT_DIR [--device cuda|cpu]
 
