@@ -264,7 +264,8 @@ def _drop_delegate_outputs(call, lowered, positions):
     results = list(call.meta["val"])
     for position in positions:
         del values[position], specs[position], results[position]
-        for user in call.users:
+        # Setting a user's args re-registers it among call.users: iterate over a copy.
+        for user in list(call.users):
             if user.args[1] > position:
                 user.args = (call, user.args[1] - 1)
     output_node.args = (tuple(values),)
