@@ -51,7 +51,8 @@ find "$testlogs" -name test.log -print0 2>/dev/null | sort -z | while IFS= read 
 done >"$logs/tests.log"
 if [ -n "${KV_BENCH_CONTEXTS:-}" ]; then
   # shellcheck disable=SC2086  # a list of context lengths
-  "$bazel" run --config=gpu //cc/runtime/device_allocators:kv_decode_gpu_bench -- $KV_BENCH_CONTEXTS \
+  # `bazel run` gives the binary this shell's environment, not the rc's action or test environment.
+  PYTHONPATH=$work/site "$bazel" run --config=gpu //cc/runtime/device_allocators:kv_decode_gpu_bench -- $KV_BENCH_CONTEXTS \
     >"$logs/bench.md" 2>"$logs/bench.log" || { echo "[gpu run] the bench failed (bench.log)"; status=1; }
   cat "$logs/bench.md"
 fi
