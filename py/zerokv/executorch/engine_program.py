@@ -17,9 +17,9 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
+from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engines import (
     DIM_ORDER_OPS,
-    EngineBuildError,
     aten_target,
     is_kv_write,
     value_readers,

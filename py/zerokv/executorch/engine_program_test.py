@@ -6,7 +6,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv import kvwrite
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import EngineBuildError
+from zerokv.executorch.engine_build import EngineBuildError
 
 
 class FunctionalStep(torch.nn.Module):

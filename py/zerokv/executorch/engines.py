@@ -21,9 +21,11 @@ import executorch.exir  # noqa: F401  (registers the dim_order_ops the Edge dial
 import torch
 from torch import fx
 
-from zerokv import blob
-from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv import blob, kvwrite
 from zerokv.errors import ZeroKVError
+from zerokv.executorch import aoti_engine, tensorrt_engine
+from zerokv.executorch.engine_build import EngineBuild
+from zerokv.tensorrt.converters import CONVERTERS
 
 # Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
 DIM_ORDER_OPS = {
@@ -32,17 +34,6 @@ DIM_ORDER_OPS = {
 }
 
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
-
-
-class EngineBuildError(ZeroKVError, RuntimeError):
-    """The engine could not be built for a delegate; the message names the delegate and why."""
-
-
-def blob_dtype(dtype: torch.dtype, what: str):
-    try:
-        return BLOB_DTYPES[dtype]
-    except KeyError:
-        raise EngineBuildError(f"{what}: dtype {dtype} has no zerokv blob encoding") from None
 
 
 _aten = torch.ops.aten
@@ -136,8 +127,6 @@ class AotiEngine:
     binding_alignment = None  # ExecuTorch's own planning alignment serves it
 
     def __init__(self, compile_device=None):
-        from zerokv.executorch import aoti_engine
-
         self.compile_device = compile_device or aoti_engine.default_compile_device()
 
     def supports(self, node: fx.Node) -> bool:
@@ -147,8 +136,6 @@ class AotiEngine:
         return None
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
-        from zerokv.executorch import aoti_engine
-
         return aoti_engine.build(program, aliased_inputs, device, self.compile_device)
 
 
@@ -168,22 +155,16 @@ class TensorRTEngine:
         self.profiles = profiles
 
     def supports(self, node: fx.Node) -> bool:
-        from zerokv.tensorrt.converters import CONVERTERS
-
         if node.op != "call_function":
             return False
         target = aten_target(node)
         return target in CONVERTERS or target in _TENSORRT_KV_WRITES
 
     def alias_decline(self, write: fx.Node, program) -> str | None:
-        from zerokv import kvwrite
-
         analysis = kvwrite.analyze_kv_write(write, constants=kvwrite.exported_program_constants(program))
         return getattr(analysis, "reason", None)
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
-        from zerokv.executorch import tensorrt_engine
-
         return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
 
 
@@ -216,17 +197,6 @@ def planned_for(engine, config, methods):
     return dataclasses.replace(config, memory_planning_pass=planners)
 
 
-def check_option_names(engine: str, options, known):
-    """Refuses engine_options that are not a dict of `known` names (ZeroKVError naming the option)."""
-    if not isinstance(options, dict):
-        raise ZeroKVError(f"engine_options: expected a dict of {engine} engine options {sorted(known)}, "
-                          f"got {type(options).__name__}")
-    unknown = sorted(set(options) - set(known), key=str)
-    if unknown:
-        raise ZeroKVError(f"engine_options: unknown option {', '.join(map(repr, unknown))} for engine {engine!r}; "
-                          f"known: {sorted(known)}")
-
-
 def engine_named(name: str, **options):
     if name == "aoti":
         return AotiEngine(**options)
@@ -238,11 +208,7 @@ def engine_named(name: str, **options):
 def engine_module(name: str):
     """The module of an engine kind: its build and its option <-> compile spec encoding."""
     if name == "aoti":
-        from zerokv.executorch import aoti_engine
-
         return aoti_engine
     if name == "tensorrt":
-        from zerokv.executorch import tensorrt_engine
-
         return tensorrt_engine
     raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")

@@ -15,7 +15,7 @@ from torch.export.graph_signature import OutputKind
 
 import zerokv.executorch as zx
 from zerokv import blob
-from zerokv.executorch.zero_copy import delegate_nodes
+from zerokv.executorch.delegates import delegate_nodes
 from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
 
