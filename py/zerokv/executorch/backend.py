@@ -17,14 +17,9 @@ from zerokv.executorch import specs
 from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
 from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import (
-    ENGINE_KINDS,
-    engine_module,
-    engine_named,
-    is_kv_write,
-    written_back,
-)
+from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named, written_back
 from zerokv.executorch.runtime_kv import manifest_layers, positions_binding, step_width_source
+from zerokv.kvwrite import is_kv_write
 
 
 class ZeroCopyError(ZeroKVError, RuntimeError):

@@ -55,9 +55,7 @@ _VIEW_OF_COPY = {
 
 def aten_target(node: fx.Node):
     """The ATen overload an engine sees for an FX node, whether its target is an Edge or an ATen op."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        target = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
+    target = kvwrite.op_overload(node.target)
     if target in DIM_ORDER_OPS:
         return DIM_ORDER_OPS[target]
     return _VIEW_OF_COPY.get(target, target)
@@ -67,26 +65,9 @@ def aten_target(node: fx.Node):
 # would scatter the attention of a decoder layer over several partitions).
 PRESERVED_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.scaled_dot_product_attention.default)
 
-# Functional KV writes an engine can turn into an in-place write of the cache input: the cache is
-# argument 0 and the result has the cache's shape.
-KV_WRITE_OPS = (
-    torch.ops.aten.index_copy.default,
-    torch.ops.aten.index_put.default,
-    torch.ops.aten.slice_scatter.default,
-)
-
-
-# The KV writes TensorRT lowers (as a KV cache update layer, or a scatter when not provably contiguous).
-_TENSORRT_KV_WRITES = (torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)
-
-
 def value_readers(node: fx.Node):
     """The users of `node` that read its contents (not only its shape, which a write never changes)."""
     return [user for user in node.users if not (user.op == "call_function" and aten_target(user) is _aten.sym_size.int)]
-
-
-def is_kv_write(node: fx.Node) -> bool:
-    return node.op == "call_function" and aten_target(node) in KV_WRITE_OPS
 
 
 def _is_write_back(value, cache: fx.Node) -> bool:
@@ -157,8 +138,11 @@ class TensorRTEngine:
     def supports(self, node: fx.Node) -> bool:
         if node.op != "call_function":
             return False
-        target = aten_target(node)
-        return target in CONVERTERS or target in _TENSORRT_KV_WRITES
+        if kvwrite.is_kv_write(node):
+            # Lowered as a KV cache update layer, or a scatter where not provably contiguous: either
+            # needs the written positions.
+            return kvwrite.describes_positions(node)
+        return aten_target(node) in CONVERTERS
 
     def alias_decline(self, write: fx.Node, program) -> str | None:
         analysis = kvwrite.analyze_kv_write(write, constants=kvwrite.exported_program_constants(program))

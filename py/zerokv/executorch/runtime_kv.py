@@ -34,7 +34,8 @@ from torch.utils import _pytree as pytree
 from zerokv import blob
 from zerokv.errors import ZeroKVError
 from zerokv.executorch.delegates import RUNTIME_KV, delegate_nodes, is_zerokv_delegate
-from zerokv.executorch.engines import aten_target, is_kv_write, value_readers, write_backs, written_back
+from zerokv.executorch.engines import aten_target, value_readers, write_backs, written_back
+from zerokv.kvwrite import is_kv_write
 
 POSITIONS_DIM = 2
 

@@ -38,7 +38,8 @@ from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.backend import ZeroCopyError
 from zerokv.executorch.delegates import ALIASED_BUFFER, delegate_nodes, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import is_kv_write, value_readers
+from zerokv.executorch.engines import value_readers
+from zerokv.kvwrite import is_kv_write
 
 _H2D = torch.ops.et_copy._h2d_copy.default
 

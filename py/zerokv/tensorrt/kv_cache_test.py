@@ -10,6 +10,7 @@ import torch
 
 from zerokv.tensorrt import (
     AliasingPromiseError,
+    ConversionError,
     DynamicDim,
     build_network,
     decode_and_prefill_profiles,
@@ -360,6 +361,15 @@ def test_a_cache_written_twice_scatters_both_writes():
     run_steps_against_eager(
         TinyDecoder(positions, write=write_twice), built, [(torch.randint(0, 64, (1, 2)), torch.tensor([0]))]
     )
+
+
+def test_an_index_put_write_is_refused_naming_it():
+    def index_put(cache, positions, update, offset):
+        cache[:, :, positions] = update
+
+    program = export_decoder(TinyDecoder(arange_plus_offset, write=index_put), length=2, offset=torch.tensor([0]))
+    with pytest.raises(ConversionError, match=r"node 'index_put' .*: the KV write cannot be lowered: .*index tuple"):
+        build_network(program)
 
 
 def test_promised_alias_that_falls_back_fails_loudly():

@@ -21,7 +21,7 @@ from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv.errors import ZeroKVError
-from zerokv.kvwrite import analyze_kv_write, exported_program_constants, is_kv_write
+from zerokv.kvwrite import analyze_kv_write, exported_program_constants, is_kv_write, op_overload
 from zerokv.kvwrite.folding import fold_constants as fold_graph_constants
 from zerokv.tensorrt import converters as _converters
 from zerokv.tensorrt.kv_cache import KV_CACHE_UPDATE, KVWriteOutcome, convert_kv_write
@@ -395,12 +395,7 @@ def _placeholder_value(ctx: NetworkContext, node: fx.Node, signature: _Signature
 
 
 def _convert(ctx: NetworkContext, node: fx.Node):
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) and isinstance(
-        getattr(target, "_op", None), torch._ops.OpOverload
-    ):
-        target = target._op  # An ExecuTorch Edge op wraps its ATen overload.
-    converter = _converters.CONVERTERS.get(target)
+    converter = _converters.CONVERTERS.get(op_overload(node.target))
     if converter is None:
         raise ConversionError(node, "has no TensorRT converter")
     value = converter(ctx, node)
