@@ -26,6 +26,7 @@ from zerokv.errors import ZeroKVError
 from zerokv.executorch import aoti_engine, tensorrt_engine
 from zerokv.executorch.engine_build import EngineBuild
 from zerokv.tensorrt.converters import CONVERTERS
+from zerokv.tensorrt.kv_cache import kv_write_alias_decline
 
 # Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
 DIM_ORDER_OPS = {
@@ -145,8 +146,7 @@ class TensorRTEngine:
         return aten_target(node) in CONVERTERS
 
     def alias_decline(self, write: fx.Node, program) -> str | None:
-        analysis = kvwrite.analyze_kv_write(write, constants=kvwrite.exported_program_constants(program))
-        return getattr(analysis, "reason", None)
+        return kv_write_alias_decline(write, kvwrite.exported_program_constants(program))
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
         return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
