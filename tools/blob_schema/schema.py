@@ -24,6 +24,8 @@ PAYLOAD_ALIGNMENT = 64
 SCALARS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "i64": 8, "bool": 1}
 
 # Each enum is stored as a u8. Value 0 is never valid, so a zeroed field is always caught.
+# A DType is named after its torch (and TensorRT) dtype, FLOAT32 after torch.float32:
+# zerokv.blob.torch_dtypes pairs them by that name.
 ENUMS = {
     "EngineKind": [("TENSORRT", 1), ("AOTI", 2)],
     "DType": [

@@ -6,7 +6,8 @@ It sits below engines.py, which holds the engine kinds, so that their modules ne
 
 from __future__ import annotations
 
-from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv.aoti import EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 
 __all__ = ["EngineBuild", "EngineBuildError", "blob_dtype", "check_option_names"]
