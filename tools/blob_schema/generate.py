@@ -234,6 +234,9 @@ def generate_cpp():
         enums += [f'    case {name}::k{_camel(m)}:\n      return "{m}";' for m, _ in members]
         enums += ["  }", '  return "<invalid>";', "}", ""]
         enums += [f'inline const char* EnumName({name}) {{ return "{name}"; }}', ""]
+    dtypes = [m for m, _ in schema.ENUMS["DType"]]
+    if sorted(schema.DTYPE_BYTES) != sorted(dtypes):
+        raise ValueError(f"schema.DTYPE_BYTES must size every DType {dtypes}, not {sorted(schema.DTYPE_BYTES)}")
     header_fields = []
     for name, field_type in schema.HEADER_FIELDS:
         cpp = "uint8_t" if field_type == "magic" else _cpp_type(field_type)
@@ -265,6 +268,9 @@ def generate_cpp():
         payload_alignment=schema.PAYLOAD_ALIGNMENT,
         header_size=_header_size(),
         enums="\n".join(enums),
+        element_bytes="\n".join(
+            f"    case DType::k{_camel(m)}:\n      return {schema.DTYPE_BYTES[m]};" for m in dtypes
+        ),
         error_codes="\n".join(
             f"  k{_camel(code)} = {i + 1},  // {why}" for i, (code, why) in enumerate(schema.ERROR_CODES)
         ),

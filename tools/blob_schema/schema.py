@@ -44,6 +44,18 @@ ENUMS = {
     "KVPolicy": [("FLAT", 1), ("RING", 2)],
 }
 
+# Bytes per element of each DType: what a runtime sizes a binding's buffer by.
+DTYPE_BYTES = {
+    "FLOAT32": 4,
+    "FLOAT16": 2,
+    "BFLOAT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "INT8": 1,
+    "UINT8": 1,
+    "BOOL": 1,
+}
+
 # Every way a blob can be refused. Both codecs report these codes, with a message naming the field.
 ERROR_CODES = [
     ("BAD_MAGIC", "the blob does not start with MAGIC"),

@@ -20,6 +20,27 @@ inline constexpr uint64_t kPayloadAlignment = ${payload_alignment};
 inline constexpr size_t kHeaderSize = ${header_size};
 
 ${enums}
+// The member of an enum that ToString names `name`, or false (and `value` untouched).
+template <typename E>
+bool FromString(const std::string& name, E* value) {
+  for (int raw = 0; raw <= UINT8_MAX; ++raw) {
+    const auto member = static_cast<E>(raw);
+    if (IsValid(member) && name == ToString(member)) {
+      *value = member;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Bytes per element of a DType; 0 for a value DType does not define.
+inline size_t ElementBytes(DType dtype) {
+  switch (dtype) {
+${element_bytes}
+  }
+  return 0;
+}
+
 enum class ErrorCode : uint8_t {
 ${error_codes}
 };
