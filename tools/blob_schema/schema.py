@@ -24,6 +24,8 @@ PAYLOAD_ALIGNMENT = 64
 SCALARS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "i64": 8, "bool": 1}
 
 # Each enum is stored as a u8. Value 0 is never valid, so a zeroed field is always caught.
+# A DType is named after its torch (and TensorRT) dtype, FLOAT32 after torch.float32:
+# zerokv.blob.torch_dtypes pairs them by that name.
 ENUMS = {
     "EngineKind": [("TENSORRT", 1), ("AOTI", 2)],
     "DType": [
@@ -40,6 +42,18 @@ ENUMS = {
     "Device": [("CPU", 1), ("CUDA", 2)],
     "AliasKind": [("KV_CACHE_UPDATE", 1), ("USER", 2)],
     "KVPolicy": [("FLAT", 1), ("RING", 2)],
+}
+
+# Bytes per element of each DType: what a runtime sizes a binding's buffer by.
+DTYPE_BYTES = {
+    "FLOAT32": 4,
+    "FLOAT16": 2,
+    "BFLOAT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "INT8": 1,
+    "UINT8": 1,
+    "BOOL": 1,
 }
 
 # Every way a blob can be refused. Both codecs report these codes, with a message naming the field.

@@ -83,7 +83,7 @@ def export_check(directory, device):
 
 def export_bench(directory, context, zero_copy, device):
     import zerokv.executorch as zx
-    from zerokv.executorch.zero_copy import delegate_nodes
+    from zerokv.executorch.delegates import delegate_nodes
 
     model = LlamaDecoder(BENCH_CONFIG, max_seq=context).eval()
     with torch.no_grad():

@@ -4,6 +4,6 @@
     build.payload, build.bindings, build.aliased_io   # -> zerokv.blob.Blob(engine_kind=AOTI, ...)
 """
 
-from zerokv.aoti.compile import BLOB_DTYPES, AotiCompileError, EngineBuild, compile_aoti
+from zerokv.aoti.compile import AotiCompileError, EngineBuild, compile_aoti
 
-__all__ = ["BLOB_DTYPES", "AotiCompileError", "EngineBuild", "compile_aoti"]
+__all__ = ["AotiCompileError", "EngineBuild", "compile_aoti"]

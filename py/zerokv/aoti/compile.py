@@ -28,19 +28,8 @@ from torch.export.graph_signature import InputKind, OutputKind
 from torch.export.passes import move_to_device_pass  # torch 2.11 does not import it with torch.export
 
 from zerokv import blob
+from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
-
-# The torch dtype of each blob DType (blob.DType is torch-free); the one place the two are paired.
-BLOB_DTYPES = {
-    torch.float32: blob.DType.FLOAT32,
-    torch.float16: blob.DType.FLOAT16,
-    torch.bfloat16: blob.DType.BFLOAT16,
-    torch.int32: blob.DType.INT32,
-    torch.int64: blob.DType.INT64,
-    torch.int8: blob.DType.INT8,
-    torch.uint8: blob.DType.UINT8,
-    torch.bool: blob.DType.BOOL,
-}
 
 
 class AotiCompileError(ZeroKVError, ValueError):

@@ -2,8 +2,9 @@
 
 from zerokv.errors import ZeroKVError
 from zerokv.executorch.api import export, save
-from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, ZeroKVBackend
-from zerokv.executorch.partitioner import BACKEND_ID, ZeroKVPartitioner
+from zerokv.executorch.backend import ZeroCopyError, ZeroKVBackend
+from zerokv.executorch.delegates import ALIASED_BUFFER, BACKEND_ID
+from zerokv.executorch.partitioner import ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import KVCacheLayer, RuntimeKV, RuntimeKVError
 from zerokv.executorch.zero_copy import check_zero_copy_kv
 

@@ -14,7 +14,7 @@ from zerokv import blob
 from zerokv.aoti import compile_aoti
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
-from zerokv.executorch.engines import check_option_names
+from zerokv.executorch.engine_build import check_option_names
 
 COMPILE_DEVICE_SPEC = "zerokv.aoti.compile_device"
 

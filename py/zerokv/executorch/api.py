@@ -28,10 +28,11 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
-from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError
+from zerokv.executorch.backend import ZeroCopyError
+from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
 from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
-from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv, mark_runtime_kv
+from zerokv.executorch.runtime_kv import RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,

@@ -14,19 +14,12 @@ from torch.export.graph_signature import InputKind
 from zerokv import blob
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
+from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
+from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import (
-    ENGINE_KINDS,
-    EngineBuildError,
-    engine_module,
-    engine_named,
-    is_kv_write,
-    written_back,
-)
-from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, positions_binding, step_width_source
-
-# Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
-ALIASED_BUFFER = "zerokv_aliased_buffer"
+from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named, written_back
+from zerokv.executorch.runtime_kv import manifest_layers, positions_binding, step_width_source
+from zerokv.kvwrite import is_kv_write
 
 
 class ZeroCopyError(ZeroKVError, RuntimeError):
@@ -138,11 +131,3 @@ def _refuse_cache_value_outputs(edge_program, promised, delegate):
 
 def engine_options_from_specs(engine_name, compile_specs):
     return engine_module(engine_name).options_from_specs(compile_specs)
-
-
-def is_zerokv_delegate(lowered_module) -> bool:
-    return getattr(lowered_module, "backend_id", None) == ZeroKVBackend.__name__
-
-
-def parsed_blob(lowered_module):
-    return blob.parse(lowered_module.processed_bytes)

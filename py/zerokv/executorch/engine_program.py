@@ -17,15 +17,15 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
+from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engines import (
     DIM_ORDER_OPS,
-    EngineBuildError,
     aten_target,
-    is_kv_write,
     value_readers,
     write_backs,
     written_back,
 )
+from zerokv.kvwrite import is_kv_write
 
 _IN_PLACE = {
     torch.ops.aten.index_copy.default: torch.ops.aten.index_copy_.default,

@@ -16,10 +16,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from zerokv.executorch import specs
-from zerokv.executorch.backend import ZeroKVBackend
+from zerokv.executorch.delegates import BACKEND_ID
 from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named
-
-BACKEND_ID = ZeroKVBackend.__name__
 
 
 class _EngineSupport(OperatorSupportBase):

@@ -33,10 +33,10 @@ from torch.utils import _pytree as pytree
 
 from zerokv import blob
 from zerokv.errors import ZeroKVError
-from zerokv.executorch.engines import aten_target, is_kv_write, value_readers, write_backs, written_back
+from zerokv.executorch.delegates import RUNTIME_KV, delegate_nodes, is_zerokv_delegate
+from zerokv.executorch.engines import aten_target, value_readers, write_backs, written_back
+from zerokv.kvwrite import is_kv_write
 
-# Node meta key on a runtime-owned cache input: its RuntimeKVBinding.
-RUNTIME_KV = "zerokv_runtime_kv"
 POSITIONS_DIM = 2
 
 
@@ -181,8 +181,6 @@ def _check_ring_write(write, placeholders, user_inputs, layer, runtime_kv, name,
 def detach_runtime_kv(program, method: str):
     """After lowering: removes the marked caches from the method: their writes from the delegate's
     and the method's outputs, then the caches from the inputs (the delegate binds them)."""
-    from zerokv.executorch.zero_copy import delegate_nodes
-
     graph = program.graph
     marked = [node for node in graph.find_nodes(op="placeholder") if RUNTIME_KV in node.meta]
     if not marked:
@@ -216,9 +214,6 @@ def detach_runtime_kv(program, method: str):
 def _detach_writes(program, names, method: str):
     """Drops the method outputs that are the marked caches' mutations, and the delegate outputs
     that carried them: the engine wrote the runtime's storage in place."""
-    from zerokv.executorch.backend import is_zerokv_delegate
-    from zerokv.executorch.zero_copy import delegate_nodes
-
     delegates = dict(delegate_nodes(program.graph_module))
     placeholders = {node.name: node for node in program.graph.find_nodes(op="placeholder")}
     output_node = program.graph.output_node()

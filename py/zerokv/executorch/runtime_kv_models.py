@@ -22,16 +22,24 @@ class CacheInputDecoder(nn.Module):
         self.qkv = nn.Parameter(torch.randn(HIDDEN, 3 * HEADS * HEAD_DIM, generator=generator) / HIDDEN**0.5)
         self.lm_head = nn.Parameter(torch.randn(HEADS * HEAD_DIM, VOCAB, generator=generator) / HIDDEN**0.5)
 
-    def forward(self, tokens, position, k_cache, v_cache):
+    def write_step(self, tokens, position, k_cache, v_cache):
+        """Projects the step's tokens and writes their keys and values into the caches at
+        [position, position + tokens): (q, k, v, positions)."""
         steps = tokens.shape[1]
         x = self.embed[tokens]
         q, k, v = (x @ self.qkv).view(1, steps, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
         positions = torch.arange(steps) + position
         k_cache.index_copy_(2, positions, k)
         v_cache.index_copy_(2, positions, v)
+        return q, k, v, positions
+
+    def logits(self, attention):
+        return attention.transpose(1, 2).reshape(1, attention.shape[2], HEADS * HEAD_DIM) @ self.lm_head
+
+    def forward(self, tokens, position, k_cache, v_cache):
+        q, _, _, positions = self.write_step(tokens, position, k_cache, v_cache)
         mask = torch.arange(k_cache.shape[2])[None, :] <= positions[:, None]
-        attention = F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask)
-        return attention.transpose(1, 2).reshape(1, steps, HEADS * HEAD_DIM) @ self.lm_head
+        return self.logits(F.scaled_dot_product_attention(q, k_cache, v_cache, attn_mask=mask))
 
 
 class FreshPrefill(CacheInputDecoder):
@@ -40,14 +48,8 @@ class FreshPrefill(CacheInputDecoder):
     equals CacheInputDecoder's over the same tokens."""
 
     def forward(self, tokens, position, k_cache, v_cache):
-        steps = tokens.shape[1]
-        x = self.embed[tokens]
-        q, k, v = (x @ self.qkv).view(1, steps, 3, HEADS, HEAD_DIM).permute(2, 0, 3, 1, 4)
-        positions = torch.arange(steps) + position
-        k_cache.index_copy_(2, positions, k)
-        v_cache.index_copy_(2, positions, v)
-        attention = F.scaled_dot_product_attention(q, k, v, is_causal=True)
-        return attention.transpose(1, 2).reshape(1, steps, HEADS * HEAD_DIM) @ self.lm_head
+        q, k, v, _ = self.write_step(tokens, position, k_cache, v_cache)
+        return self.logits(F.scaled_dot_product_attention(q, k, v, is_causal=True))
 
 
 class MixedCacheDecoder(CacheInputDecoder):

@@ -13,7 +13,7 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 from zerokv import blob
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
-from zerokv.executorch.engines import EngineBuild, blob_dtype, check_option_names
+from zerokv.executorch.engine_build import EngineBuild, blob_dtype, check_option_names
 from zerokv.tensorrt.lowering import DynamicDim, lower_to_tensorrt
 from zerokv.tensorrt.profiles import DimRange, Profile
 

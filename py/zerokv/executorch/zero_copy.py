@@ -36,8 +36,10 @@ from torch.utils import _pytree as pytree
 
 from zerokv import blob
 from zerokv.executorch import specs
-from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import is_kv_write, value_readers
+from zerokv.executorch.backend import ZeroCopyError
+from zerokv.executorch.delegates import ALIASED_BUFFER, delegate_nodes, is_zerokv_delegate, parsed_blob
+from zerokv.executorch.engines import value_readers
+from zerokv.kvwrite import is_kv_write
 
 _H2D = torch.ops.et_copy._h2d_copy.default
 
@@ -92,14 +94,6 @@ def _alias_decline(write, cache, engine, program) -> str | None:
     if value_readers(cache) != [write]:
         return "the buffer's old value is read besides its write, which an in-place write would change"
     return engine.alias_decline(write, program)
-
-
-def delegate_nodes(graph_module):
-    for node in graph_module.graph.nodes:
-        if node.op == "call_function" and node.target is executorch_call_delegate:
-            lowered = _get_lowered_module(graph_module, node)
-            if lowered is not None:
-                yield node, lowered
 
 
 def zerokv_delegates(graph_module):

@@ -16,8 +16,9 @@ from zerokv import blob
 from zerokv.aoti import AotiCompileError
 from zerokv.blob import format_generated
 from zerokv.executorch import api
-from zerokv.executorch.backend import ALIASED_BUFFER
-from zerokv.executorch.engines import EngineBuildError, engine_named
+from zerokv.executorch.delegates import ALIASED_BUFFER
+from zerokv.executorch.engine_build import EngineBuildError
+from zerokv.executorch.engines import engine_named
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     delegate_nodes,

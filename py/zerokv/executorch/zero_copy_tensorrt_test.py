@@ -15,7 +15,7 @@ from torch.export.graph_signature import OutputKind
 
 import zerokv.executorch as zx
 from zerokv import blob
-from zerokv.executorch.zero_copy import delegate_nodes
+from zerokv.executorch.delegates import delegate_nodes
 from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
 
@@ -134,6 +134,31 @@ def test_scattered_write_keeps_its_copy_back_visibly(caplog):
         with pytest.raises(zx.ZeroCopyError, match="no method"):
             zx.export(_decoder_program(scattered), engine="tensorrt")
     assert "keeps the copy-back of buffer 'layer.k_cache'" in caplog.text
+
+
+class DecoderWithRankThreeCache(torch.nn.Module):
+    """A decoder step beside a contiguous write into a rank-3 buffer: provably contiguous, but not
+    a [batch, heads, positions, head_dim] cache, which TensorRT's KV cache update layer needs."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = tm.TinyDecoder(tm.arange_plus_offset)
+        self.register_buffer("logit_history", torch.zeros(1, tm.VOCAB, tm.MAX_SEQ))
+
+    def forward(self, input_ids, offset):
+        logits = self.decoder(input_ids, offset)
+        positions = torch.arange(input_ids.shape[1]) + offset
+        self.logit_history.index_copy_(2, positions, logits.transpose(1, 2))
+        return logits + self.logit_history.sum(2)[:, None, :]
+
+
+def test_a_write_the_update_layer_cannot_take_keeps_its_copy_back(caplog):
+    with torch.no_grad():
+        program = torch.export.export(DecoderWithRankThreeCache().eval(), (torch.tensor([[1]]), torch.tensor([3])))
+    with caplog.at_level(logging.WARNING, logger="zerokv.executorch.api"):
+        manager = zx.export(program, engine="tensorrt")
+    assert "keeps the copy-back of buffer 'logit_history': " in caplog.text and "must both be rank 4" in caplog.text
+    _assert_caches_zero_copy(manager, caches=("decoder.layer.k_cache", "decoder.layer.v_cache"))
 
 
 def test_host_memory_planning_is_refused():

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import fx
@@ -22,15 +23,19 @@ from zerokv.tensorrt.network import ConversionError, Extent, NetworkContext, is_
 aten = torch.ops.aten
 
 Converter = Callable[[NetworkContext, fx.Node], object]
-CONVERTERS: dict[object, Converter] = {}
+_CONVERTERS: dict[object, Converter] = {}
+# Read-only: a converter is registered through `converts`, which refuses a second one for a target.
+CONVERTERS: Mapping[object, Converter] = types.MappingProxyType(_CONVERTERS)
 
 
 def converts(*targets):
+    """Registers the decorated converter (or, called on one, that converter) for `targets`."""
+
     def register(function: Converter) -> Converter:
-        for target in targets:
-            if target in CONVERTERS:
-                raise ValueError(f"two converters registered for {target}")
-            CONVERTERS[target] = function
+        taken = [target for target in targets if target in _CONVERTERS]
+        if taken:
+            raise ValueError(f"two converters registered for {', '.join(map(str, taken))}")
+        _CONVERTERS.update(dict.fromkeys(targets, function))
         return function
 
     return register
@@ -95,10 +100,10 @@ def _symint_op(operation_name: str):
     return convert
 
 
-CONVERTERS[operator.add] = _symint_op("SUM")
-CONVERTERS[operator.sub] = _symint_op("SUB")
-CONVERTERS[operator.mul] = _symint_op("PROD")
-CONVERTERS[operator.floordiv] = _symint_op("FLOOR_DIV")
+converts(operator.add)(_symint_op("SUM"))
+converts(operator.sub)(_symint_op("SUB"))
+converts(operator.mul)(_symint_op("PROD"))
+converts(operator.floordiv)(_symint_op("FLOOR_DIV"))
 
 
 # ----- Elementwise arithmetic ------------------------------------------------
@@ -129,7 +134,7 @@ for _target, _operation in (
     (aten.maximum.default, "MAX"),
     (aten.minimum.default, "MIN"),
 ):
-    CONVERTERS[_target] = _binary(_operation)
+    converts(_target)(_binary(_operation))
 
 
 def _comparison(operation_name: str, negate: bool):
@@ -162,7 +167,7 @@ for _target, _operation, _negate in (
     (aten.ge.Tensor, "LESS", True),
     (aten.ge.Scalar, "LESS", True),
 ):
-    CONVERTERS[_target] = _comparison(_operation, _negate)
+    converts(_target)(_comparison(_operation, _negate))
 
 
 @converts(aten.where.self)
@@ -214,7 +219,7 @@ for _target, _operation in (
     (aten.erf.default, "ERF"),
     (aten.abs.default, "ABS"),
 ):
-    CONVERTERS[_target] = _unary(_operation)
+    converts(_target)(_unary(_operation))
 
 
 @converts(aten.rsqrt.default)
@@ -291,10 +296,10 @@ def _reduce(operation_name: str):
     return convert
 
 
-CONVERTERS[aten.mean.dim] = _reduce("AVG")
-CONVERTERS[aten.sum.dim_IntList] = _reduce("SUM")
-CONVERTERS[aten.sum.default] = _reduce("SUM")
-CONVERTERS[aten.amax.default] = _reduce("MAX")
+converts(aten.mean.dim)(_reduce("AVG"))
+converts(aten.sum.dim_IntList)(_reduce("SUM"))
+converts(aten.sum.default)(_reduce("SUM"))
+converts(aten.amax.default)(_reduce("MAX"))
 
 
 @converts(aten._softmax.default, aten.softmax.int)
