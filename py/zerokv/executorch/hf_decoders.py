@@ -41,7 +41,7 @@ def tiny_llama(seed: int = 0):
     return model
 
 
-def tiny(family: str, seed: int = 0, max_positions: int = 256):
+def tiny(family: str, seed: int = 0, max_positions: int = 256, sliding_window: int = 4):
     """A small random-weight decoder of `family`: Llama-3 (grouped-query attention), Qwen3 (q/k
     norms, grouped-query attention) or Gemma-3 (sliding-window and global layers)."""
     common = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_attention_heads=4,
@@ -51,10 +51,10 @@ def tiny(family: str, seed: int = 0, max_positions: int = 256):
     elif family == "qwen3":
         model_class, config = Qwen3ForCausalLM, Qwen3Config(num_hidden_layers=2, **common)
     elif family == "gemma3":
-        # Layers 0-2 slide over 4 positions, layer 3 is global: decoding past the window tells a
-        # sliding mask from a causal one.
+        # Layers 0-2 slide over `sliding_window` positions, layer 3 is global: decoding past the
+        # window tells a sliding mask from a causal one.
         model_class = Gemma3ForCausalLM
-        config = Gemma3TextConfig(num_hidden_layers=4, sliding_window=4, sliding_window_pattern=4,
+        config = Gemma3TextConfig(num_hidden_layers=4, sliding_window=sliding_window, sliding_window_pattern=4,
                                   layer_types=["sliding_attention"] * 3 + ["full_attention"], **common)
     else:
         raise zx.ZeroKVError(f"family {family!r}: expected one of {FAMILIES}")
@@ -67,8 +67,23 @@ def load_checkpoint(directory: str):
     return AutoModelForCausalLM.from_pretrained(directory, local_files_only=True, dtype=torch.float32).eval()
 
 
+def _refuse_rolling_sliding_layers(model, max_cache_len: int):
+    """transformers' static sliding-window layer rolls its cache over in Python branches that the
+    trace takes for an empty cache: past the window its program writes beyond the layer's cache."""
+    window = getattr(model.config, "sliding_window", None)
+    rolling = [index for index, sliding in enumerate(sliding_layers(model.config))
+               if sliding and window < max_cache_len]
+    if rolling:
+        raise zx.ZeroKVError(
+            f"{model.config.model_type} layers {rolling}: transformers' static sliding-window cache ({window} "
+            f"positions, < max_cache_len {max_cache_len}) cannot be exported: its roll-over is not in the "
+            "traced program. Export with CacheInputs (export_programs), whose sliding layers keep every "
+            "position and apply the window in their mask")
+
+
 def export_decode(model):
     """transformers' integration: the one-token decode step (input_ids [1, 1], cache_position [1])."""
+    _refuse_rolling_sliding_layers(model, MAX_CACHE_LEN)
     exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=MAX_CACHE_LEN)
     with torch.no_grad():
         return exportable.export(input_ids=torch.tensor([[1]]), cache_position=torch.tensor([0]))
@@ -76,6 +91,7 @@ def export_decode(model):
 
 def export_prefill(model, max_tokens: int = MAX_CACHE_LEN // 2):
     """transformers' integration: the prefill, T dynamic in [2, max_tokens]."""
+    _refuse_rolling_sliding_layers(model, MAX_CACHE_LEN)
     exportable = TorchExportableModuleForDecoderOnlyLM(model, batch_size=1, max_cache_len=MAX_CACHE_LEN)
     tokens = torch.export.Dim("tokens", min=2, max=max_tokens)
     with torch.no_grad():

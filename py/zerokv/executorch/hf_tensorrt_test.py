@@ -15,8 +15,9 @@ from zerokv.tensorrt.lowering import lower_to_tensorrt
 from zerokv.tensorrt.network import ConversionError
 
 
-def _static(family):
-    model = hf.tiny(family)
+def _static(family, sliding_window=hf.MAX_CACHE_LEN):
+    # A window as long as the cache: transformers' static sliding layers never roll over.
+    model = hf.tiny(family, sliding_window=sliding_window)
     model.generation_config.cache_implementation = "static"
     model.generation_config.cache_config = {"batch_size": 1, "max_cache_len": hf.MAX_CACHE_LEN}
     return model
@@ -35,9 +36,20 @@ def test_each_method_is_one_delegate_updating_every_cache_in_place(family, metho
     parsed = blob.parse(lowered.processed_bytes)
     assert parsed.aliased_outputs_elided
     caches = {f"{kind}_cache_{layer}" for kind in ("key", "value") for layer in range(model.config.num_hidden_layers)}
-    aliased = {alias.input for alias in parsed.metadata.aliased_io}
-    assert {name for name in aliased if "_cache_" in name} == {f"b_{name}" for name in caches} or caches <= {
-        name.removeprefix("b_") for name in aliased}, aliased
+    assert {(alias.input, alias.kind) for alias in parsed.metadata.aliased_io} == {
+        (f"b_{name}", blob.AliasKind.KV_CACHE_UPDATE) for name in caches}
+    # Outside the delegate: only the copies of the method's inputs and outputs (and of transformers'
+    # cumulative_length counters, which are not caches).
+    outside = {str(node.target) if isinstance(node.target, torch._ops.OpOverload) else node.target.__name__
+               for node in graph_module.graph.nodes
+               if node.op == "call_function" and node.target is not executorch_call_delegate}
+    assert outside <= {"alloc", "getitem", "et_copy._h2d_copy.out", "et_copy._d2h_copy.out", "aten.copy_.default"}, \
+        outside
+
+
+def test_sliding_layers_that_would_roll_over_are_refused_by_name():
+    with pytest.raises(zx.ZeroKVError, match=r"gemma3_text layers \[0, 1, 2\].*sliding-window"):
+        hf.export_decode(_static("gemma3", sliding_window=4))
 
 
 def test_a_symbolic_size_output_is_a_clear_error():
