@@ -65,6 +65,7 @@ def export(
     engine_options: dict | None = None,
     other_partitioners=(),
     runtime_kv: RuntimeKV | None = None,
+    constant_methods: dict | None = None,
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
 
@@ -81,6 +82,9 @@ def export(
         delegates are never un-staged: only zerokv's engines promise in-place writes.
       runtime_kv: caches the zerokv runtime owns (allocates, grows, binds); they leave the methods'
         inputs and are never serialized. See runtime_kv.py.
+      constant_methods: {method name: value} written as methods that return the value (e.g.
+        get_max_seq_len, get_vocab_size, use_kv_cache: the metadata ExecuTorch's LLM runners read);
+        a name may not be one of `programs`' methods.
 
     Returns:
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
@@ -91,7 +95,7 @@ def export(
         RuntimeKVError, EngineBuildError (the engine cannot build a delegate; names the method).
     """
     programs = _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config,
-                                  engine_options, other_partitioners, runtime_kv)
+                                  engine_options, other_partitioners, runtime_kv, constant_methods)
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}
@@ -116,7 +120,8 @@ def export(
         ]
         for method, program in prepared.items()
     }
-    edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
+    edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config,
+                                       constant_methods=constant_methods)
     for method in prepared:
         detach_runtime_kv(edge.exported_program(method), method)
         order_copyback_mutations_first(edge.exported_program(method))
@@ -186,7 +191,7 @@ def _shares_mutable_buffers(config):
 
 
 def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config, engine_options,
-                       other_partitioners, runtime_kv):
+                       other_partitioners, runtime_kv, constant_methods):
     """{method: ExportedProgram}, after refusing any bad argument with a ZeroKVError naming it."""
     if isinstance(programs, torch.export.ExportedProgram):
         programs = {"forward": programs}
@@ -214,6 +219,12 @@ def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, c
         if not isinstance(partitioner, Partitioner):
             raise ZeroKVError(f"other_partitioners[{index}]: expected an ExecuTorch Partitioner, "
                               f"got {type(partitioner).__name__}")
+    if constant_methods is not None:
+        if not isinstance(constant_methods, dict) or not all(isinstance(name, str) for name in constant_methods):
+            raise ZeroKVError(f"constant_methods: expected {{method name: value}} or None, got {constant_methods!r}")
+        clashing = sorted(set(constant_methods) & set(programs))
+        if clashing:
+            raise ZeroKVError(f"constant_methods {clashing} are also methods of the program")
     return programs
 
 

@@ -41,3 +41,13 @@ def test_buffer_caches_written_by_one_method_and_used_by_another_are_refused(zer
     shared = r"buffers \[.*'key_cache_0'.*\] are written by method 'prefill' and used by \['decode'\].*runtime_kv"
     with pytest.raises(zx.ZeroCopyError, match=shared):
         zx.export(programs, engine="aoti", engine_options=CPU, zero_copy_kv=zero_copy_kv)
+
+
+@pytest.mark.parametrize("constant_methods, message", [
+    ({"decode": 1}, r"constant_methods \['decode'\] are also methods of the program"),
+    ([("get_max_seq_len", 32)], "constant_methods: expected {method name: value}"),
+])
+def test_bad_constant_methods_are_refused_before_anything_is_built(constant_methods, message):
+    with pytest.raises(zx.ZeroKVError, match=message):
+        zx.export({"decode": hf.export_decode(hf.tiny_llama())}, engine="aoti", engine_options=CPU,
+                  constant_methods=constant_methods)

@@ -137,6 +137,21 @@ for _target, _operation in (
     converts(_target)(_binary(_operation))
 
 
+def _logical(operation_name: str):
+    # Masks combine booleans with bitwise and/or (Hugging Face's sliding-window mask); TensorRT's
+    # AND/OR are logical, the same on booleans only.
+    def convert(ctx, node):
+        if result_dtype(node) != torch.bool:
+            raise ConversionError(node, f"only boolean operands are supported, got {result_dtype(node)}")
+        return _binary(operation_name)(ctx, node)
+
+    return convert
+
+
+CONVERTERS[aten.bitwise_and.Tensor] = _logical("AND")
+CONVERTERS[aten.bitwise_or.Tensor] = _logical("OR")
+
+
 def _comparison(operation_name: str, negate: bool):
     # TensorRT compares with EQUAL, GREATER and LESS; <= and >= are negations.
     def convert(ctx, node):
@@ -568,6 +583,12 @@ def _full(ctx, node):
     dtype = result_dtype(node)
     scalar = ctx.tensor(node.args[1], dtype, rank=len(sizes))
     return ctx.broadcast_to(scalar, sizes)
+
+
+@converts(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, node):
+    # Masks (Hugging Face's where(mask, 0, min)) decompose to scalar_tensor.
+    return ctx.tensor(node.args[0], result_dtype(node), rank=0)
 
 
 @converts(aten.copy.default)

@@ -369,6 +369,12 @@ def _mark_outputs(ctx, graph_module, signature: _Signature, kv_outcomes):
     user_output_index = 0
     for spec, value in zip(signature.output_specs, values):
         ctx.current_node = value if isinstance(value, fx.Node) else None
+        if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
+            # The partitioner cut the graph where a size flows to a node the engine does not take
+            # (typically an op without a converter): a network output must be a tensor.
+            raise ConversionError(
+                ctx.current_node, f"output {value} is a symbolic size, not a tensor: a node outside the delegate "
+                "uses a size computed inside it (is an op it feeds missing a TensorRT converter?)")
         tensor = ctx.tensor(value)
         if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
             placeholder = _placeholder_of(signature, spec)
