@@ -148,8 +148,8 @@ def _logical(operation_name: str):
     return convert
 
 
-CONVERTERS[aten.bitwise_and.Tensor] = _logical("AND")
-CONVERTERS[aten.bitwise_or.Tensor] = _logical("OR")
+converts(aten.bitwise_and.Tensor)(_logical("AND"))
+converts(aten.bitwise_or.Tensor)(_logical("OR"))
 
 
 def _comparison(operation_name: str, negate: bool):
