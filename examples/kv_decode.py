@@ -22,6 +22,9 @@ import time
 
 from absl import app, flags
 
+from examples.backend_library import KVMetrics as _KVMetrics
+from examples.backend_library import load_backend
+
 FLAGS = flags.FLAGS
 flags.DEFINE_enum("device", "cpu", ["cpu", "cuda"], "Where the engines compile and run.")
 flags.DEFINE_enum("model", "small", ["tiny", "small"], "Decoder size (tiny: the tests').")
@@ -53,24 +56,6 @@ class Report:
     @property
     def tokens_per_second(self):
         return len(self.step_seconds) / sum(self.step_seconds)
-
-
-class _KVMetrics(ctypes.Structure):
-    _fields_ = [(name, ctypes.c_uint64) for name in
-                ("bytes_reserved", "bytes_in_use", "growths", "bytes_moved", "length", "capacity")]
-
-
-def load_backend(path: str):
-    """Registers zerokv's backend (and its device allocator) with the Python runtime: must run
-    before `executorch.runtime` is imported."""
-    if not path or not os.path.exists(path):
-        raise app.UsageError(f"zerokv backend library not found: {path!r} (run through bazel run, or pass "
-                             "--host_backend_library / --cuda_backend_library)")
-    library = ctypes.CDLL(os.path.abspath(path), mode=ctypes.RTLD_GLOBAL)
-    for counter in ("zerokv_host_to_device_bytes", "zerokv_device_to_host_bytes"):
-        getattr(library, counter).restype = ctypes.c_uint64
-    library.zerokv_kv_metrics_sum.argtypes = [ctypes.c_char_p, ctypes.POINTER(_KVMetrics)]
-    return library
 
 
 def run_decode(library, program_path: str, config, *, seed: int, prompt_length: int, steps: int,
@@ -109,8 +94,11 @@ def run_decode(library, program_path: str, config, *, seed: int, prompt_length: 
         compare(logits, token, position)
         token = logits.argmax(-1)
     metrics = _KVMetrics()
-    # One cache (K and V) per layer; this process loads one program, so every key is ours.
-    if library.zerokv_kv_metrics_sum(b"", ctypes.byref(metrics)) != config.layers:
+    # One cache (K and V) per layer, in the implicit sequence: the program was loaded without one.
+    sequence = library.zerokv_kv_implicit_sequence()
+    caches = library.zerokv_kv_sequence_metrics(sequence, ctypes.byref(metrics))
+    library.zerokv_kv_sequence_release(sequence)
+    if caches != config.layers:
         raise RuntimeError(f"{program_path}: expected {config.layers} runtime-owned caches (one per layer)")
     return Report(
         prompt_length=prompt_length, steps=steps, step_seconds=step_seconds, copied_bytes_per_step=copied_per_step,

@@ -17,6 +17,8 @@ from examples.llama_decoder import Config, LlamaDecoder
 
 # export_step's tokens placeholder: the runtime reads a step's width from its dim 1.
 STEP_WIDTH = ("tokens", 1)
+# export_step's position placeholder: the runtime fills it with each step's first position.
+POSITIONS = "position"
 
 
 def cache_input_names(config: Config):
@@ -30,7 +32,7 @@ def runtime_kv(config: Config, max_capacity: int, initial_capacity: int) -> zx.R
         zx.KVCacheLayer(names[2 * layer], names[2 * layer + 1], max_capacity=max_capacity,
                         initial_capacity=initial_capacity)
         for layer in range(config.layers))
-    return zx.RuntimeKV(layers=layers, step_width=STEP_WIDTH)
+    return zx.RuntimeKV(layers=layers, step_width=STEP_WIDTH, positions=POSITIONS)
 
 
 def export_step(model: LlamaDecoder, steps: int, max_capacity: int):

@@ -8,7 +8,13 @@
 #     executorch 1.5.1, TensorRT-RTX 1.7.1.116, absl-py, pytest, numpy);
 #   - buildifier 8.2.1 from npm;
 #   - $ZEROKV_PREFIX/machine.bazelrc: the machine-level Bazel flags (which venv to use).
+# With --gpu-bundle, then also prepares a run on the GPU machine (tools/gpu/prepare.sh: a
+# relocatable Bazel made from this install, and the wheels that machine lacks, in .gpu/).
 set -euo pipefail
+case "${1:-}" in
+  "" | --gpu-bundle) ;;
+  *) echo "usage: tools/setup.sh [--gpu-bundle]" >&2; exit 2 ;;
+esac
 root=$(cd "$(dirname "$0")/.." && pwd)
 prefix=${ZEROKV_PREFIX:-/opt/zerokv}
 bin_dir=${ZEROKV_BIN_DIR:-/usr/local/bin}
@@ -56,3 +62,6 @@ common --repo_env=ZEROKV_PYTHON=$venv/bin/python
 common --repo_env=ZEROKV_CLANG=$(command -v clang-14)
 EOF
 log "done: $("$bin_dir/bazel" --version), venv $venv, $(clang-14 --version | head -1)"
+if [ "${1:-}" = --gpu-bundle ]; then
+  ZEROKV_PREFIX=$prefix bash "$root/tools/gpu/prepare.sh"
+fi

@@ -107,7 +107,65 @@ std::optional<Error> ValidateNamedData(const Metadata& metadata, uint64_t payloa
 
 bool SameShape(const std::vector<Dim>& a, const std::vector<Dim>& b) { return a == b; }
 
-std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided) {
+// positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills
+// (from format version 2; a version 1 model reads the positions its caller gives).
+std::optional<Error> ValidateRuntimeIndices(const Metadata& metadata,
+                                            const std::unordered_map<std::string, const IOBinding*>& bindings,
+                                            const std::unordered_set<std::string>& runtime_owned,
+                                            uint16_t format_version) {
+  auto check = [&](const std::string& name, const std::string& field) -> std::optional<Error> {
+    auto found = bindings.find(name);
+    if (found == bindings.end() || found->second->direction != Direction::kInput || runtime_owned.count(name) != 0) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(name) + " is not a delegate argument input");
+    }
+    const DType dtype = found->second->dtype;
+    if (dtype != DType::kInt32 && dtype != DType::kInt64) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field,
+                    Quote(name) + " is " + ToString(dtype) + ", not INT32 or INT64");
+    }
+    return std::nullopt;
+  };
+  const std::string& positions = metadata.positions_binding;
+  const char* positions_field = "metadata.positions_binding";
+  if (metadata.kv_layers.empty()) {
+    if (!positions.empty()) {
+      return Refuse(ErrorCode::kBadPositionsBinding, positions_field, Quote(positions) + " without a KV manifest");
+    }
+    return std::nullopt;
+  }
+  if (format_version < 2) return std::nullopt;
+  if (positions.empty()) {
+    return Refuse(ErrorCode::kBadPositionsBinding, positions_field,
+                  "empty, but the runtime supplies the positions of every step over runtime-owned caches");
+  }
+  if (std::optional<Error> error = check(positions, positions_field)) return error;
+  std::unordered_map<std::string, uint64_t> windows;
+  for (size_t i = 0; i < metadata.kv_layers.size(); ++i) {
+    const KVLayer& layer = metadata.kv_layers[i];
+    const std::string field = "metadata.kv_layers[" + std::to_string(i) + "].slots_binding";
+    const std::string& slots = layer.slots_binding;
+    if (layer.policy == KVPolicy::kFlat) {
+      if (!slots.empty()) return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(slots) + " on a flat cache");
+      continue;
+    }
+    if (slots.empty()) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, "empty, but the runtime supplies a ring cache's write slots");
+    }
+    if (slots == positions) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field, Quote(slots) + " is positions_binding too");
+    }
+    if (std::optional<Error> error = check(slots, field)) return error;
+    auto window = windows.emplace(slots, layer.window).first;
+    if (window->second != layer.window) {
+      return Refuse(ErrorCode::kBadPositionsBinding, field,
+                    Quote(slots) + " serves ring caches of windows " + std::to_string(window->second) + " and " +
+                        std::to_string(layer.window));
+    }
+  }
+  return std::nullopt;
+}
+
+std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided, uint16_t format_version) {
   std::unordered_map<std::string, const IOBinding*> bindings;
   for (size_t i = 0; i < metadata.bindings.size(); ++i) {
     const IOBinding& binding = metadata.bindings[i];
@@ -216,6 +274,9 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
     }
   }
 
+  if (std::optional<Error> error = ValidateRuntimeIndices(metadata, bindings, runtime_owned, format_version)) {
+    return error;
+  }
   const std::string& source = metadata.step_width_source;
   const char* source_field = "metadata.step_width_source";
   if (metadata.kv_layers.empty()) {
@@ -301,7 +362,7 @@ std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob) {
     return error;
   }
   if ((error = ValidateNamedData(metadata, header.payload_size))) return error;
-  if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided))) return error;
+  if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided, header.format_version))) return error;
   blob->engine_kind = header.engine_kind;
   blob->device_id = header.device_id;
   blob->aliased_outputs_elided = header.aliased_outputs_elided;
@@ -331,7 +392,7 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   header.blob_size = header.payload_offset + blob.payload_size;
   if ((error = ValidateHeader(header, header.blob_size))) return error;
   if ((error = ValidateNamedData(blob.metadata, header.payload_size))) return error;
-  if ((error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided))) return error;
+  if ((error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided, blob.format_version))) return error;
 
   Writer writer;
   WriteHeader(writer, header);

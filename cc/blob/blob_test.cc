@@ -188,5 +188,33 @@ TEST(BlobTest, DelegateSignatureDropsElidedAndRuntimeOwnedBindings) {
   EXPECT_EQ(runtime_owned.arity(), 2u);
 }
 
+TEST(BlobFormatTest, ElementBytesSizesEveryDType) {
+  EXPECT_EQ(ElementBytes(DType::kFloat32), sizeof(float));
+  EXPECT_EQ(ElementBytes(DType::kBfloat16), 2u);
+  EXPECT_EQ(ElementBytes(DType::kInt64), sizeof(int64_t));
+  EXPECT_EQ(ElementBytes(DType::kBool), sizeof(bool));
+  for (int raw = 0; raw <= UINT8_MAX; ++raw) {
+    const auto dtype = static_cast<DType>(raw);
+    EXPECT_EQ(ElementBytes(dtype) != 0, IsValid(dtype)) << raw;
+  }
+}
+
+TEST(BlobFormatTest, FromStringReadsWhatToStringWrites) {
+  for (int raw = 1; raw <= UINT8_MAX; ++raw) {
+    const auto dtype = static_cast<DType>(raw);
+    if (!IsValid(dtype)) continue;
+    DType parsed = raw == 1 ? DType::kBool : DType::kFloat32;
+    ASSERT_TRUE(FromString(ToString(dtype), &parsed)) << ToString(dtype);
+    EXPECT_EQ(parsed, dtype);
+  }
+  KVPolicy policy = KVPolicy::kFlat;
+  ASSERT_TRUE(FromString("RING", &policy));
+  EXPECT_EQ(policy, KVPolicy::kRing);
+  DType untouched = DType::kInt8;
+  EXPECT_FALSE(FromString("FLOAT64", &untouched));
+  EXPECT_FALSE(FromString("float32", &untouched));
+  EXPECT_EQ(untouched, DType::kInt8);
+}
+
 }  // namespace
 }  // namespace zerokv::blob

@@ -1,61 +1,52 @@
 #include "cc/kvcache/c_api.h"
 
 #include <memory>
-#include <string>
 
-#include "cc/kvcache/registry.h"
+#include <executorch/runtime/platform/log.h>
+
+#include "cc/kvcache/sequence.h"
+
+// A handle is a heap-held reference to the sequence.
+struct ZeroKVSequence {
+  std::shared_ptr<zerokv::kvcache::Sequence> sequence;
+};
 
 namespace {
 
-using zerokv::kvcache::KVCache;
-using zerokv::kvcache::KVCacheMetrics;
-using zerokv::kvcache::KVCacheRegistry;
-
-void Add(const KVCacheMetrics& metrics, ZeroKVCacheMetrics* out) {
-  out->bytes_reserved += metrics.bytes_reserved;
-  out->bytes_in_use += metrics.bytes_in_use;
-  out->growths += metrics.growths;
-  out->bytes_moved += metrics.bytes_moved;
-  out->length += metrics.length;
-  out->capacity += metrics.capacity;
+ZeroKVSequence* Handle(std::shared_ptr<zerokv::kvcache::Sequence> sequence) {
+  return sequence == nullptr ? nullptr : new ZeroKVSequence{std::move(sequence)};
 }
 
 }  // namespace
 
-extern "C" int zerokv_kv_metrics(const char* storage_key, ZeroKVCacheMetrics* out) {
-  if (storage_key == nullptr || out == nullptr) return -1;
-  std::shared_ptr<KVCache> cache = KVCacheRegistry::Global().Find(storage_key);
-  if (cache == nullptr) return -1;
-  *out = ZeroKVCacheMetrics{};
-  Add(cache->metrics(), out);
-  return 0;
+extern "C" ZeroKVSequence* zerokv_kv_sequence_create(void) {
+  return Handle(zerokv::kvcache::Sequence::Create());
 }
 
-extern "C" int zerokv_kv_metrics_sum(const char* key_prefix, ZeroKVCacheMetrics* out) {
-  if (key_prefix == nullptr || out == nullptr) return 0;
-  *out = ZeroKVCacheMetrics{};
-  int summed = 0;
-  for (const std::shared_ptr<KVCache>& cache : KVCacheRegistry::Global().FindWithPrefix(key_prefix)) {
-    Add(cache->metrics(), out);
-    ++summed;
-  }
-  return summed;
+extern "C" ZeroKVSequence* zerokv_kv_implicit_sequence(void) {
+  return Handle(zerokv::kvcache::Sequence::FindImplicit());
 }
 
-extern "C" int zerokv_kv_reset(const char* storage_key) {
-  if (storage_key == nullptr) return -1;
-  std::shared_ptr<KVCache> cache = KVCacheRegistry::Global().Find(storage_key);
-  if (cache == nullptr) return -1;
-  cache->Reset();
-  return 0;
+extern "C" void zerokv_kv_sequence_release(ZeroKVSequence* sequence) { delete sequence; }
+
+extern "C" void zerokv_kv_sequence_select(ZeroKVSequence* sequence) {
+  zerokv::kvcache::SelectSequence(sequence == nullptr ? nullptr : sequence->sequence);
 }
 
-extern "C" int zerokv_kv_reset_prefix(const char* key_prefix) {
-  if (key_prefix == nullptr) return 0;
-  int reset = 0;
-  for (const std::shared_ptr<KVCache>& cache : KVCacheRegistry::Global().FindWithPrefix(key_prefix)) {
-    cache->Reset();
-    ++reset;
-  }
-  return reset;
+extern "C" int zerokv_kv_sequence_metrics(const ZeroKVSequence* sequence, ZeroKVCacheMetrics* out) {
+  if (sequence == nullptr || out == nullptr) return 0;
+  size_t caches = 0;
+  const zerokv::kvcache::KVCacheMetrics metrics = sequence->sequence->Metrics(&caches);
+  *out = ZeroKVCacheMetrics{metrics.bytes_reserved, metrics.bytes_in_use, metrics.growths,
+                            metrics.bytes_moved,    metrics.length,       metrics.capacity,
+                            metrics.position};
+  return static_cast<int>(caches);
+}
+
+extern "C" int zerokv_kv_sequence_reset(ZeroKVSequence* sequence) {
+  if (sequence == nullptr) return -1;
+  zerokv::runtime::Status status = sequence->sequence->Reset();
+  if (status.ok()) return 0;
+  ET_LOG(Error, "zerokv_kv_sequence_reset: %s", status.message().c_str());
+  return -1;
 }

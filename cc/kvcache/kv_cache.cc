@@ -110,16 +110,26 @@ size_t KVCache::row_bytes(uint64_t capacity) const {
   return static_cast<size_t>(capacity * config_.head_dim) * engines::ElementSize(config_.dtype);
 }
 
-Status KVCache::CheckStep(uint64_t step) const {
+Status KVCache::BeginStep(uint64_t step, uint64_t* position) {
   std::lock_guard<std::mutex> lock(mutex_);
-  uint64_t planned = 0;
-  return PlanCapacity(config_, capacity_, length_, step, &planned);
-}
-
-Status KVCache::Prepare(uint64_t step, StreamHandle stream) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  if (held_) {
+    return runtime::InvalidState(
+        "another step or a reset of this KV cache is in flight: steps of one sequence must not "
+        "overlap");
+  }
   uint64_t planned = 0;
   ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, length_, step, &planned));
+  held_ = true;
+  held_step_ = step;
+  *position = position_;
+  return Status::Ok();
+}
+
+Status KVCache::Prepare(StreamHandle stream) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!held_) return runtime::Internal("KVCache::Prepare without BeginStep");
+  uint64_t planned = 0;
+  ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, length_, held_step_, &planned));
   if (used_) ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, last_use_));
   if (zero_pending_) {
     const size_t bytes = position_bytes() * static_cast<size_t>(capacity_);
@@ -183,15 +193,33 @@ Status KVCache::MarkUsed(StreamHandle stream) {
   return Status::Ok();
 }
 
-void KVCache::Commit(uint64_t step) {
+void KVCache::EndStep(bool commit) {
   std::lock_guard<std::mutex> lock(mutex_);
-  length_ = CommittedLength(config_, length_, step);
+  if (commit) {
+    length_ = CommittedLength(config_, length_, held_step_);
+    position_ += held_step_;
+  }
+  held_ = false;
+  held_step_ = 0;
 }
 
-void KVCache::Reset() {
+Status KVCache::BeginReset() {
   std::lock_guard<std::mutex> lock(mutex_);
-  length_ = 0;
-  zero_pending_ = k_ != nullptr;
+  if (held_) {
+    return runtime::InvalidState("a step or another reset of this KV cache is in flight");
+  }
+  held_ = true;
+  return Status::Ok();
+}
+
+void KVCache::EndReset(bool reset) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reset) {
+    length_ = 0;
+    position_ = 0;
+    zero_pending_ = k_ != nullptr;
+  }
+  held_ = false;
 }
 
 void* KVCache::k() const {
@@ -224,6 +252,7 @@ KVCacheMetrics KVCache::metrics() const {
   metrics.bytes_moved = bytes_moved_;
   metrics.length = length_;
   metrics.capacity = capacity_;
+  metrics.position = position_;
   return metrics;
 }
 

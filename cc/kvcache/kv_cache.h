@@ -3,21 +3,25 @@
 //
 // The delegate drives it around every engine run:
 //
-//   ZEROKV_RETURN_IF_ERROR(cache.CheckStep(step));    // every cache, before anything is touched
-//   ZEROKV_RETURN_IF_ERROR(cache.Prepare(step, stream));
-//   ...bind cache.k() / cache.v() at cache.shape(), enqueue the engine on `stream`...
-//   cache.MarkUsed(stream);                           // whether the run succeeded or not
-//   if (run_ok) cache.Commit(step);                   // only a successful run advances the length
+//   uint64_t position;
+//   ZEROKV_RETURN_IF_ERROR(cache.BeginStep(step, &position));  // every cache, before anything is touched
+//   ZEROKV_RETURN_IF_ERROR(cache.Prepare(stream));
+//   ...bind cache.k() / cache.v() at cache.shape(), fill the step's positions, enqueue on `stream`...
+//   cache.MarkUsed(stream);                                    // whether the run succeeded or not
+//   cache.EndStep(/*commit=*/run_ok);                          // only a successful run advances
 //
-// Positions: the model writes a step's tokens at [length, length + step) itself (flat), or at those
-// positions modulo the window (ring); the cache only guarantees that they exist and counts them.
+// Positions belong to the cache, never to the caller: a step writes [position, position + step),
+// where `position` counts the tokens committed since the last reset (BeginStep hands it out; the
+// runtime fills the engine's positions input with it), and a ring writes them modulo its window.
+// A refused or failed step commits nothing, so its retry writes the same positions again: no gap,
+// and nothing committed is overwritten.
 //
 // Flat caches grow geometrically: when length + step exceeds the capacity, the capacity doubles
 // (as often as needed, capped at max_capacity) and the old contents are copied into the new
 // storage on the step's stream, the old storage released only after that copy (stream-ordered
 // allocation, DeviceOps::AllocateAsync / FreeAsync). Beyond max_capacity a step is refused.
 // Ring caches hold `window` positions from the start and never grow; their length saturates at
-// the window, and a step wider than the window is refused.
+// the window (their position does not), and a step wider than the window is refused.
 //
 // Storage is allocated on the first Prepare (on the stream that first uses it) and zeroed there:
 // masked positions still enter attention as 0 * value, and uninitialized memory may hold NaN.
@@ -26,8 +30,9 @@
 // program share it). Prepare orders its stream after the cache's last recorded use (an event, no
 // host block); MarkUsed records that use.
 //
-// Thread safety: every method locks the cache; a step (Prepare .. Commit) is not atomic, so steps of
-// the same cache must not run concurrently (ExecuTorch runs a program's methods one at a time).
+// Thread safety: every method locks the cache. A step (BeginStep .. EndStep) or a reset
+// (BeginReset .. EndReset) holds the cache: another step or reset meanwhile is refused, so two
+// threads never interleave steps of one cache and a reset never lands inside a step.
 #pragma once
 
 #include <cstddef>
@@ -87,8 +92,9 @@ struct KVCacheMetrics {
   uint64_t bytes_in_use = 0;    // committed positions
   uint64_t growths = 0;         // reallocations that preserved contents
   uint64_t bytes_moved = 0;     // bytes those reallocations copied
-  uint64_t length = 0;          // committed positions
+  uint64_t length = 0;          // committed positions held (a ring's stops at its window)
   uint64_t capacity = 0;        // allocated positions (0 before the first step)
+  uint64_t position = 0;        // tokens committed since the last reset: the next step's first position
 };
 
 class KVCache {
@@ -104,22 +110,28 @@ class KVCache {
   KVCache(const KVCache&) = delete;
   KVCache& operator=(const KVCache&) = delete;
 
-  // Whether a step of `step` tokens fits (PlanCapacity); touches nothing.
-  Status CheckStep(uint64_t step) const;
+  // Holds the cache for a step of `step` tokens and sets `position` to its first position. Refused,
+  // with nothing changed, when the step does not fit (PlanCapacity) or a step or reset holds the
+  // cache already.
+  Status BeginStep(uint64_t step, uint64_t* position);
 
-  // Makes room for `step` more tokens, on `stream`: orders it after the last use, allocates or
-  // grows the storage, zeroes it after a Reset. The length does not change. On failure the old
-  // storage, its contents and the length are intact.
-  Status Prepare(uint64_t step, StreamHandle stream);
+  // Makes room for the held step, on `stream`: orders it after the last use, allocates or grows the
+  // storage, zeroes it after a reset. On failure the old storage, its contents and the length are
+  // intact.
+  Status Prepare(StreamHandle stream);
 
   // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
   Status MarkUsed(StreamHandle stream);
 
-  // Advances the length by `step` (a successful run wrote those positions).
-  void Commit(uint64_t step);
+  // Releases the held step; `commit` (the run wrote its positions) advances the length and the
+  // position by its tokens.
+  void EndStep(bool commit);
 
-  // Forgets every committed position; the storage is kept and zeroed by the next Prepare.
-  void Reset();
+  // A reset in two phases, so that a sequence resets all of its caches or none: BeginReset holds
+  // the cache (refused while a step or reset holds it); EndReset(true) forgets every committed
+  // position (the storage is kept and zeroed by the next Prepare), EndReset(false) changes nothing.
+  Status BeginReset();
+  void EndReset(bool reset);
 
   // The storage for the next run (valid from Prepare until the next Prepare).
   void* k() const;
@@ -147,6 +159,9 @@ class KVCache {
   void* v_ = nullptr;
   uint64_t capacity_ = 0;
   uint64_t length_ = 0;
+  uint64_t position_ = 0;
+  bool held_ = false;         // a step or a reset is between its Begin and End
+  uint64_t held_step_ = 0;    // the held step's tokens
   bool zero_pending_ = false;
   EventHandle last_use_ = nullptr;
   bool used_ = false;  // last_use_ has been recorded

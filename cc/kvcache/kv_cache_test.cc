@@ -1,5 +1,6 @@
-// KVCache and KVCacheRegistry on a counting stand-in for the device: capacity arithmetic, growth
-// that keeps the contents (and what it copied), ring windows, failure paths, reset, sharing, C API.
+// KVCache and Sequence on a counting stand-in for the device: capacity arithmetic, growth that
+// keeps the contents (and what it copied), ring windows, positions, failure paths, steps and resets
+// holding a cache, sequences (sharing, isolation, reset, metrics, the implicit one), the C API.
 #include "cc/kvcache/kv_cache.h"
 
 #include <memory>
@@ -8,7 +9,7 @@
 #include <gtest/gtest.h>
 
 #include "cc/kvcache/c_api.h"
-#include "cc/kvcache/registry.h"
+#include "cc/kvcache/sequence.h"
 #include "cc/runtime/testing/counting_device_ops.h"
 
 namespace zerokv::kvcache {
@@ -119,15 +120,15 @@ class KVCacheTest : public ::testing::Test {
                                            shape[3]];
   }
 
-  // Prepare, write `step` positions from the current length, mark, commit.
+  // Begin, prepare, write `step` positions from the step's position, mark, commit.
   void Step(KVCache& cache, uint64_t step, StreamHandle stream = nullptr) {
-    ASSERT_TRUE(cache.CheckStep(step).ok());
-    Status prepared = cache.Prepare(step, stream);
+    uint64_t position = 0;
+    ASSERT_TRUE(cache.BeginStep(step, &position).ok());
+    Status prepared = cache.Prepare(stream);
     ASSERT_TRUE(prepared.ok()) << prepared.message();
-    const uint64_t length = cache.metrics().length;
-    for (uint64_t i = 0; i < step; ++i) Write(cache, length + i, static_cast<float>(length + i + 1));
+    for (uint64_t i = 0; i < step; ++i) Write(cache, position + i, static_cast<float>(position + i + 1));
     ASSERT_TRUE(cache.MarkUsed(stream).ok());
-    cache.Commit(step);
+    cache.EndStep(/*commit=*/true);
   }
 
   CountingDeviceOps::Record record_;
@@ -137,7 +138,10 @@ TEST_F(KVCacheTest, AllocatesZeroedStorageOnTheFirstStep) {
   std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
   EXPECT_EQ(cache->k(), nullptr);
   EXPECT_EQ(cache->metrics().bytes_reserved, 0u);
-  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
+  uint64_t position = 9;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  EXPECT_EQ(position, 0u);
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
   EXPECT_EQ(cache->shape(), (std::vector<int64_t>{1, 2, 4, 4}));
   EXPECT_EQ(cache->bytes_per_tensor(), 2u * 4 * 4 * sizeof(float));
   for (int i = 0; i < 2 * 4 * 4; ++i) {
@@ -146,6 +150,7 @@ TEST_F(KVCacheTest, AllocatesZeroedStorageOnTheFirstStep) {
   }
   EXPECT_EQ(cache->metrics().growths, 0u);  // the first allocation moves nothing
   EXPECT_TRUE(record_.copies.empty());
+  cache->EndStep(/*commit=*/true);
 }
 
 TEST_F(KVCacheTest, GrowthDoublesKeepsContentsAndCountsBytesMoved) {
@@ -196,7 +201,10 @@ TEST_F(KVCacheTest, FailedGrowthLeavesStorageContentsAndLengthIntact) {
   const int live = record_.allocations_live;
   for (int failing : {1, 2}) {  // K's allocation fails; V's fails after K's succeeded
     record_.fail_async_allocation_in = failing;
-    Status status = cache->Prepare(1, nullptr);
+    uint64_t position = 0;
+    ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+    Status status = cache->Prepare(nullptr);
+    cache->EndStep(/*commit=*/false);
     EXPECT_EQ(status.code(), Error::MemoryAllocationFailed);
     EXPECT_NE(status.message().find("growing a KV cache to 8 positions"), std::string::npos)
         << status.message();
@@ -218,46 +226,100 @@ TEST_F(KVCacheTest, RefusedStepChangesNothing) {
   std::unique_ptr<KVCache> cache = Make(Flat(4, 8));
   Step(*cache, 8);
   void* const k = cache->k();
-  EXPECT_EQ(cache->CheckStep(1).code(), Error::InvalidArgument);
-  EXPECT_EQ(cache->Prepare(1, nullptr).code(), Error::InvalidArgument);
+  uint64_t position = 0;
+  EXPECT_EQ(cache->BeginStep(1, &position).code(), Error::InvalidArgument);
   EXPECT_EQ(cache->k(), k);
   EXPECT_EQ(cache->metrics().length, 8u);
+  // Refused without holding the cache: the next step (after a reset) is accepted.
+  ASSERT_TRUE(cache->BeginReset().ok());
+  cache->EndReset(/*reset=*/true);
+  Step(*cache, 1);
 }
 
-TEST_F(KVCacheTest, RingHoldsItsWindowAndSaturates) {
+TEST_F(KVCacheTest, AFailedStepCommitsNothingSoItsRetryGetsTheSamePosition) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 3);
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(2, &position).ok());
+  EXPECT_EQ(position, 3u);
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  cache->EndStep(/*commit=*/false);  // the run failed
+  EXPECT_EQ(cache->metrics().length, 3u);
+  EXPECT_EQ(cache->metrics().position, 3u);
+  ASSERT_TRUE(cache->BeginStep(2, &position).ok());
+  EXPECT_EQ(position, 3u);
+  cache->EndStep(/*commit=*/true);
+  EXPECT_EQ(cache->metrics().position, 5u);
+}
+
+TEST_F(KVCacheTest, AStepOrAResetHoldsTheCache) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 2);
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  uint64_t other = 0;
+  Status second = cache->BeginStep(1, &other);
+  EXPECT_EQ(second.code(), Error::InvalidState);
+  EXPECT_NE(second.message().find("must not overlap"), std::string::npos) << second.message();
+  Status reset = cache->BeginReset();
+  EXPECT_EQ(reset.code(), Error::InvalidState);
+  EXPECT_NE(reset.message().find("in flight"), std::string::npos) << reset.message();
+  cache->EndStep(/*commit=*/true);
+  EXPECT_EQ(cache->metrics().length, 3u);  // the refused reset forgot nothing
+  ASSERT_TRUE(cache->BeginReset().ok());
+  EXPECT_EQ(cache->BeginStep(1, &other).code(), Error::InvalidState);
+  cache->EndReset(/*reset=*/false);
+  EXPECT_EQ(cache->metrics().length, 3u);
+}
+
+TEST_F(KVCacheTest, RingHoldsItsWindowAndSaturatesWhileItsPositionCountsOn) {
   std::unique_ptr<KVCache> cache = Make(Ring(6));
   for (int token = 0; token < 5; ++token) {
-    ASSERT_TRUE(cache->Prepare(2, nullptr).ok());
-    cache->Commit(2);
+    uint64_t position = 0;
+    ASSERT_TRUE(cache->BeginStep(2, &position).ok());
+    EXPECT_EQ(position, 2u * token);
+    ASSERT_TRUE(cache->Prepare(nullptr).ok());
+    cache->EndStep(/*commit=*/true);
   }
   const KVCacheMetrics metrics = cache->metrics();
   EXPECT_EQ(metrics.capacity, 6u);
   EXPECT_EQ(metrics.length, 6u);
+  EXPECT_EQ(metrics.position, 10u);
   EXPECT_EQ(metrics.growths, 0u);
   EXPECT_EQ(metrics.bytes_moved, 0u);
-  EXPECT_EQ(cache->CheckStep(7).code(), Error::InvalidArgument);
+  uint64_t position = 0;
+  EXPECT_EQ(cache->BeginStep(7, &position).code(), Error::InvalidArgument);
 }
 
 TEST_F(KVCacheTest, ResetForgetsPositionsAndZeroesOnTheNextStep) {
   std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
   for (int token = 0; token < 6; ++token) Step(*cache, 1);
-  cache->Reset();
+  ASSERT_TRUE(cache->BeginReset().ok());
+  cache->EndReset(/*reset=*/true);
   KVCacheMetrics metrics = cache->metrics();
   EXPECT_EQ(metrics.length, 0u);
+  EXPECT_EQ(metrics.position, 0u);
   EXPECT_EQ(metrics.bytes_in_use, 0u);
   EXPECT_EQ(metrics.capacity, 8u);  // the storage is kept
-  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
-  for (uint64_t position = 0; position < 8; ++position) {
-    EXPECT_EQ(At(*cache, cache->k(), 0, position), 0.0f);
-    EXPECT_EQ(At(*cache, cache->v(), 1, position), 0.0f);
+  uint64_t position = 9;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  EXPECT_EQ(position, 0u);
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  for (uint64_t at = 0; at < 8; ++at) {
+    EXPECT_EQ(At(*cache, cache->k(), 0, at), 0.0f);
+    EXPECT_EQ(At(*cache, cache->v(), 1, at), 0.0f);
   }
+  cache->EndStep(/*commit=*/true);
 }
 
 TEST_F(KVCacheTest, Bfloat16StorageBytes) {
   KVCacheConfig config = Flat(4, 64);
   config.dtype = blob::DType::kBfloat16;
   std::unique_ptr<KVCache> cache = Make(config);
-  ASSERT_TRUE(cache->Prepare(1, nullptr).ok());
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  cache->EndStep(/*commit=*/true);
   EXPECT_EQ(cache->metrics().bytes_reserved, 2u * 1 * 2 * 4 * 4 * 2);
 }
 
@@ -271,41 +333,131 @@ TEST_F(KVCacheTest, ReleasesStorageAtDestruction) {
   EXPECT_EQ(record_.synchronizations, 1);  // drained its last use first
 }
 
-TEST_F(KVCacheTest, RegistrySharesByKeyAndRefusesAnotherLayout) {
-  KVCacheRegistry& registry = KVCacheRegistry::Global();
+TEST_F(KVCacheTest, ASequenceSharesByKeyAndRefusesAnotherLayout) {
+  std::shared_ptr<Sequence> sequence = Sequence::Create();
   auto ops = std::make_shared<CountingDeviceOps>(&record_);
   std::shared_ptr<KVCache> prefill, decode, other;
-  ASSERT_TRUE(registry.Acquire("registry_test.layers.0", Flat(4, 64), ops, &prefill).ok());
-  ASSERT_TRUE(registry.Acquire("registry_test.layers.0", Flat(4, 64), ops, &decode).ok());
+  ASSERT_TRUE(sequence->Acquire("layers.0", Flat(4, 64), ops, &prefill).ok());
+  ASSERT_TRUE(sequence->Acquire("layers.0", Flat(4, 64), ops, &decode).ok());
   EXPECT_EQ(prefill, decode);
-  Status mismatch = registry.Acquire("registry_test.layers.0", Flat(8, 64), ops, &other);
+  EXPECT_EQ(sequence->Find("layers.0"), prefill);
+  Status mismatch = sequence->Acquire("layers.0", Flat(8, 64), ops, &other);
   EXPECT_EQ(mismatch.code(), Error::InvalidProgram);
-  EXPECT_NE(mismatch.message().find("registry_test.layers.0"), std::string::npos);
+  EXPECT_NE(mismatch.message().find("'layers.0' is already held"), std::string::npos);
   EXPECT_EQ(other, nullptr);
-  ASSERT_TRUE(registry.Acquire("registry_test.layers.1", Flat(4, 64), ops, &other).ok());
+  ASSERT_TRUE(sequence->Acquire("layers.1", Flat(4, 64), ops, &other).ok());
   EXPECT_NE(other, prefill);
+}
 
-  // The C API reads and resets what the delegates hold.
-  Step(*prefill, 5);
+TEST_F(KVCacheTest, SequencesAreIsolatedAndResetAndMeasuredOnTheirOwn) {
+  auto ops = std::make_shared<CountingDeviceOps>(&record_);
+  std::shared_ptr<Sequence> a = Sequence::Create(), b = Sequence::Create();
+  EXPECT_NE(a->id(), b->id());
+  std::shared_ptr<KVCache> a0, a1, b0;
+  ASSERT_TRUE(a->Acquire("layers.0", Flat(4, 64), ops, &a0).ok());
+  ASSERT_TRUE(a->Acquire("layers.1", Flat(4, 64), ops, &a1).ok());
+  ASSERT_TRUE(b->Acquire("layers.0", Flat(4, 64), ops, &b0).ok());
+  EXPECT_NE(a0, b0);
+  Step(*a0, 5);
+  Step(*a1, 5);
+  Step(*b0, 2);
+  size_t caches = 0;
+  KVCacheMetrics metrics = a->Metrics(&caches);
+  EXPECT_EQ(caches, 2u);
+  EXPECT_EQ(metrics.length, 10u);  // summed over the layers
+  EXPECT_EQ(metrics.position, 10u);
+  EXPECT_EQ(b->Metrics(&caches).length, 2u);
+  EXPECT_EQ(caches, 1u);
+
+  ASSERT_TRUE(a->Reset().ok());
+  EXPECT_EQ(a->Metrics().length, 0u);
+  EXPECT_EQ(b->Metrics().length, 2u);
+
+  // A reset while a step holds one cache resets none of them.
+  Step(*a0, 3);
+  Step(*a1, 3);
+  uint64_t position = 0;
+  ASSERT_TRUE(a1->BeginStep(1, &position).ok());
+  Status refused = a->Reset();
+  EXPECT_EQ(refused.code(), Error::InvalidState);
+  EXPECT_NE(refused.message().find("'layers.1'"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("nothing was reset"), std::string::npos) << refused.message();
+  EXPECT_EQ(a0->metrics().length, 3u);
+  a1->EndStep(/*commit=*/true);
+  EXPECT_EQ(a1->metrics().length, 4u);
+  Step(*a0, 1);  // layers.0 was released by the refused reset
+}
+
+TEST_F(KVCacheTest, TheImplicitSequenceRefusesASecondInstanceOfAMethodAnExplicitOneDoesNot) {
+  std::shared_ptr<Sequence> implicit = Sequence::Implicit();
+  EXPECT_EQ(Sequence::Implicit(), implicit);
+  EXPECT_EQ(Sequence::FindImplicit(), implicit);
+  ASSERT_TRUE(implicit->Claim("prefill", "k+v").ok());
+  ASSERT_TRUE(implicit->Claim("decode", "k+v").ok());  // one program's methods share
+  Status second = implicit->Claim("decode", "k+v");
+  EXPECT_EQ(second.code(), Error::InvalidState);
+  EXPECT_NE(second.message().find("second loaded instance"), std::string::npos) << second.message();
+  implicit->Release("decode", "k+v");
+  EXPECT_TRUE(implicit->Claim("decode", "k+v").ok());  // the first instance is gone
+
+  std::shared_ptr<Sequence> shared = Sequence::Create();  // the caller asked for sharing
+  ASSERT_TRUE(shared->Claim("decode", "k+v").ok());
+  EXPECT_TRUE(shared->Claim("decode", "k+v").ok());
+
+  const uint64_t id = implicit->id();
+  implicit.reset();
+  EXPECT_EQ(Sequence::FindImplicit(), nullptr);  // it lives while someone holds it
+  EXPECT_NE(Sequence::Implicit()->id(), id);
+}
+
+TEST_F(KVCacheTest, SequenceGuardsNestPerThread) {
+  std::shared_ptr<Sequence> a = Sequence::Create(), b = Sequence::Create();
+  EXPECT_EQ(CurrentSequence(), nullptr);
+  {
+    SequenceGuard outer(a);
+    EXPECT_EQ(CurrentSequence(), a);
+    {
+      SequenceGuard inner(b);
+      EXPECT_EQ(CurrentSequence(), b);
+    }
+    EXPECT_EQ(CurrentSequence(), a);
+  }
+  EXPECT_EQ(CurrentSequence(), nullptr);
+}
+
+TEST_F(KVCacheTest, TheCApiSelectsMeasuresAndResetsSequences) {
+  ZeroKVSequence* handle = zerokv_kv_sequence_create();
+  ASSERT_NE(handle, nullptr);
+  zerokv_kv_sequence_select(handle);
+  std::shared_ptr<Sequence> sequence = CurrentSequence();
+  ASSERT_NE(sequence, nullptr);
+  zerokv_kv_sequence_select(nullptr);
+  EXPECT_EQ(CurrentSequence(), nullptr);
+
   ZeroKVCacheMetrics metrics{};
-  ASSERT_EQ(zerokv_kv_metrics("registry_test.layers.0", &metrics), 0);
+  EXPECT_EQ(zerokv_kv_sequence_metrics(handle, &metrics), 0);
+  std::shared_ptr<KVCache> cache;
+  ASSERT_TRUE(sequence->Acquire("layers.0", Flat(4, 64), std::make_shared<CountingDeviceOps>(&record_),
+                                &cache)
+                  .ok());
+  Step(*cache, 5);
+  ASSERT_EQ(zerokv_kv_sequence_metrics(handle, &metrics), 1);
   EXPECT_EQ(metrics.length, 5u);
-  EXPECT_EQ(metrics.growths, 0u);  // a first step of 5 allocates 8 positions at once
-  EXPECT_EQ(metrics.capacity, 8u);
-  Step(*other, 2);
-  ASSERT_EQ(zerokv_kv_metrics_sum("registry_test.", &metrics), 2);
-  EXPECT_EQ(metrics.length, 7u);
-  EXPECT_EQ(zerokv_kv_reset("registry_test.layers.0"), 0);
-  EXPECT_EQ(decode->metrics().length, 0u);
-  EXPECT_EQ(zerokv_kv_reset_prefix("registry_test."), 2);
-  EXPECT_EQ(zerokv_kv_metrics("registry_test.nothing", &metrics), -1);
+  EXPECT_EQ(metrics.position, 5u);
+  EXPECT_EQ(metrics.capacity, 8u);  // a first step of 5 allocates 8 positions at once
+  EXPECT_EQ(metrics.growths, 0u);
 
-  // Released with its last holder.
-  prefill.reset();
-  EXPECT_NE(registry.Find("registry_test.layers.0"), nullptr);
-  decode.reset();
-  EXPECT_EQ(registry.Find("registry_test.layers.0"), nullptr);
-  EXPECT_EQ(zerokv_kv_reset("registry_test.layers.0"), -1);
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  EXPECT_EQ(zerokv_kv_sequence_reset(handle), -1);  // a step is in flight
+  cache->EndStep(/*commit=*/true);
+  EXPECT_EQ(zerokv_kv_sequence_reset(handle), 0);
+  ASSERT_EQ(zerokv_kv_sequence_metrics(handle, &metrics), 1);
+  EXPECT_EQ(metrics.length, 0u);
+
+  // The handle is one reference among others.
+  zerokv_kv_sequence_release(handle);
+  EXPECT_EQ(sequence->Find("layers.0"), cache);
 }
 
 }  // namespace

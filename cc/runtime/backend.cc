@@ -48,7 +48,11 @@ class ZeroKVBackend final : public executorch::runtime::BackendInterface {
     std::unique_ptr<DeviceOps> ops;
     if (status.ok()) status = MakeDeviceOps(engine->compute_device(), parsed.device_id, &ops);
     std::unique_ptr<Delegate> delegate;
-    if (status.ok()) status = Delegate::Create(parsed, std::move(engine), std::move(ops), &delegate);
+    const char* method = context.get_method_name();
+    if (status.ok()) {
+      status = Delegate::Create(parsed, std::move(engine), std::move(ops), method ? method : "",
+                                &delegate);
+    }
     if (!status.ok()) return Report(context.get_method_name(), status);
     // The engine holds what it needs of the payload and of the named data; the blob's bytes can go.
     processed->Free();

@@ -4,11 +4,11 @@ namespace zerokv::runtime {
 namespace {
 
 // Defined once, in this file, so that every delegate linked with it reads the same variable.
-thread_local engines::StreamHandle caller_stream = nullptr;
+thread_local std::optional<engines::StreamHandle> caller_stream;
 
 }  // namespace
 
-engines::StreamHandle CurrentCallerStream() { return caller_stream; }
+std::optional<engines::StreamHandle> CurrentCallerStream() { return caller_stream; }
 
 CallerStreamGuard::CallerStreamGuard(engines::StreamHandle stream) : previous_(caller_stream) {
   caller_stream = stream;

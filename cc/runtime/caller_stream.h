@@ -7,16 +7,22 @@
 //     method.execute();   // every zerokv delegate enqueues on my_stream, without synchronizing
 //   }
 //
-// Without a guard, each delegate runs on a stream of its own and orders consecutive executes with
-// an event. Guards nest; the destructor restores the stream that was current before.
+// Without a guard, each delegate runs on a stream of its own and synchronizes it before execute
+// returns: nothing outside zerokv can order work after that stream, so the results must be
+// complete when the caller (ExecuTorch's output copies, a device-resident output's reader, another
+// backend) gets them. A guard over nullptr is a selection like any other: the legacy default
+// stream. Guards nest; the destructor restores the selection that was current before.
 #pragma once
+
+#include <optional>
 
 #include "cc/engines/engine.h"
 
 namespace zerokv::runtime {
 
-// The stream installed by the innermost live CallerStreamGuard on this thread, or nullptr.
-engines::StreamHandle CurrentCallerStream();
+// The stream installed by the innermost live CallerStreamGuard on this thread (nullptr: the legacy
+// default stream), or nullopt when no guard is live.
+std::optional<engines::StreamHandle> CurrentCallerStream();
 
 class CallerStreamGuard {
  public:
@@ -27,7 +33,7 @@ class CallerStreamGuard {
   CallerStreamGuard& operator=(const CallerStreamGuard&) = delete;
 
  private:
-  engines::StreamHandle previous_;
+  std::optional<engines::StreamHandle> previous_;
 };
 
 }  // namespace zerokv::runtime

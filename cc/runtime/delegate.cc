@@ -1,5 +1,7 @@
 #include "cc/runtime/delegate.h"
 
+#include <cstring>
+#include <limits>
 #include <string>
 #include <unordered_map>
 #include <unordered_set>
@@ -9,7 +11,6 @@
 #include <executorch/runtime/core/exec_aten/util/tensor_util.h>
 
 #include "cc/runtime/binding_trace.h"
-#include "cc/kvcache/registry.h"
 #include "cc/runtime/caller_stream.h"
 
 namespace zerokv::runtime {
@@ -80,15 +81,17 @@ Status Resize(Tensor& tensor, const std::vector<int64_t>& shape) {
 struct Delegate::Plan {
   std::vector<Tensor*> tensors;  // the argument's tensor; nullptr for an elided output
   std::vector<bool> staged;
-  bool needs_synchronize = false;
-  uint64_t step = 0;  // tokens this execute writes into the runtime-owned caches
+  bool synchronize = false;  // finish the stream before returning: host outputs, or our own stream
+  uint64_t step = 0;      // tokens this execute writes into the runtime-owned caches
+  uint64_t position = 0;  // the first of them: the caches' committed position count
 };
 
 Delegate::Delegate(std::unique_ptr<engines::Engine> engine, std::shared_ptr<DeviceOps> ops)
     : engine_(std::move(engine)), ops_(std::move(ops)) {}
 
 Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine> engine,
-                        std::unique_ptr<DeviceOps> ops, std::unique_ptr<Delegate>* delegate) {
+                        std::unique_ptr<DeviceOps> ops, const std::string& method,
+                        std::unique_ptr<Delegate>* delegate) {
   const blob::Metadata& metadata = blob.metadata;
   // The engine's bindings and the blob's must be the same set, with the same direction and dtype.
   std::unordered_map<std::string, const engines::EngineBinding*> engine_bindings;
@@ -122,12 +125,22 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   }
 
   std::unique_ptr<Delegate> created(new Delegate(std::move(engine), std::move(ops)));
+  created->method_ = method;
+  created->device_id_ = blob.device_id;
   created->aliased_outputs_elided_ = blob.aliased_outputs_elided;
   for (const blob::IOBinding& spec : metadata.bindings) {
     Binding binding;
     binding.spec = spec;
     binding.max_bytes = engines::ElementSize(spec.dtype);
-    for (const blob::Dim& dim : spec.shape) binding.max_bytes *= static_cast<size_t>(dim.max);
+    for (const blob::Dim& dim : spec.shape) {
+      size_t bytes = 0;
+      if (!binding.max_bytes || dim.max < 0 ||
+          __builtin_mul_overflow(*binding.max_bytes, static_cast<size_t>(dim.max), &bytes)) {
+        binding.max_bytes.reset();
+      } else {
+        binding.max_bytes = bytes;
+      }
+    }
     created->bindings_.push_back(std::move(binding));
   }
 
@@ -177,9 +190,9 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   size_t argument = 0;
   for (size_t index : created->signature_.inputs) created->bindings_[index].argument = argument++;
   for (size_t index : created->signature_.outputs) created->bindings_[index].argument = argument++;
-  ZEROKV_RETURN_IF_ERROR(created->AcquireCaches(blob, index_of));
+  ZEROKV_RETURN_IF_ERROR(created->PlanCaches(blob, index_of));
   for (const Binding& binding : created->bindings_) {
-    if (!binding.argument && !binding.aliased_input && !binding.cache) {
+    if (!binding.argument && !binding.aliased_input && !binding.layer) {
       return InvalidProgram("binding " + Quote(binding.spec.name) +
                             " is neither a delegate argument, an aliased output nor a "
                             "runtime-owned cache");
@@ -191,24 +204,43 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
     ZEROKV_RETURN_IF_ERROR(created->ops_->CreateEvent(&created->done_event_));
   }
   ZEROKV_RETURN_IF_ERROR(created->ops_->Allocate(256, &created->empty_tensor_address_));
+  for (Binding& binding : created->bindings_) {
+    if (binding.positions_modulo) ZEROKV_RETURN_IF_ERROR(created->EnsureStaging(binding));
+  }
   *delegate = std::move(created);
   return Status::Ok();
 }
 
 // The parser has checked the manifest against the blob's bindings (inputs, dtype, rank 4 with the
-// layer's heads and head_dim, capacities, the step width source); what is left is what the
-// runtime binds: a static batch and a positions dim admitting every capacity the cache may take.
-Status Delegate::AcquireCaches(const blob::Blob& blob,
-                               const std::unordered_map<std::string, size_t>& index_of) {
+// layer's heads and head_dim, capacities, the step width source, the positions and slots bindings:
+// integer argument inputs); what is left is what the runtime binds: a static batch and a positions
+// dim admitting every capacity the cache may take, and bounded positions and slots.
+Status Delegate::PlanCaches(const blob::Blob& blob,
+                            const std::unordered_map<std::string, size_t>& index_of) {
   const blob::Metadata& metadata = blob.metadata;
   if (metadata.kv_layers.empty()) return Status::Ok();
   // Well-formed and in range: the parser refused the blob otherwise.
   const blob::StepWidthSource source = *blob::ParseStepWidthSource(metadata.step_width_source);
   step_binding_ = signature_.inputs[source.input_index];
   step_dim_ = source.dim;
+  auto fill_with_positions = [&](const std::string& name, uint64_t modulo) -> Status {
+    if (name.empty()) return Status::Ok();  // format version 1: the model reads its caller's positions
+    Binding& binding = bindings_[index_of.at(name)];
+    for (size_t d = 0; d < binding.spec.shape.size(); ++d) {
+      if (binding.spec.shape[d].max == -1) {
+        return InvalidProgram("input " + Quote(name) + " has an unbounded dim " + std::to_string(d) +
+                              ": the runtime fills it with the step's positions in a buffer of its "
+                              "own, sized for the largest shape; export it with a bounded dim");
+      }
+    }
+    binding.positions_modulo = modulo;
+    return Status::Ok();
+  };
+  ZEROKV_RETURN_IF_ERROR(fill_with_positions(metadata.positions_binding, 0));
 
   for (const blob::KVLayer& layer : metadata.kv_layers) {
     const bool ring = layer.policy == blob::KVPolicy::kRing;
+    if (ring) ZEROKV_RETURN_IF_ERROR(fill_with_positions(layer.slots_binding, layer.window));
     // The capacities the storage can take: the window, or initial_capacity doubling up to max.
     const int64_t least = static_cast<int64_t>(ring ? layer.window : layer.initial_capacity);
     const int64_t most = static_cast<int64_t>(ring ? layer.window : layer.max_capacity);
@@ -248,15 +280,36 @@ Status Delegate::AcquireCaches(const blob::Blob& blob,
       }
     }
     config.batch = static_cast<uint64_t>(*batch);
-    std::shared_ptr<kvcache::KVCache> cache;
-    ZEROKV_RETURN_IF_ERROR(
-        kvcache::KVCacheRegistry::Global().Acquire(layer.storage_key, config, ops_, &cache));
-    bindings_[index_of.at(layer.k_binding)].cache = cache.get();
+    bindings_[index_of.at(layer.k_binding)].layer = layers_.size();
     Binding& value = bindings_[index_of.at(layer.v_binding)];
-    value.cache = cache.get();
+    value.layer = layers_.size();
     value.cache_value = true;
-    caches_.push_back(std::move(cache));
+    layers_.push_back(Layer{layer.storage_key, config});
   }
+
+  // At home in the sequence current at load, or the implicit one; the layouts are checked there now.
+  std::shared_ptr<kvcache::Sequence> home = kvcache::CurrentSequence();
+  home_ = home ? std::move(home) : kvcache::Sequence::Implicit();
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    Status claimed = home_->Claim(method_, layers_[i].storage_key);
+    if (!claimed.ok()) {
+      for (size_t j = 0; j < i; ++j) home_->Release(method_, layers_[j].storage_key);
+      layers_.resize(i);  // what the destructor releases
+      return claimed;
+    }
+  }
+  return UseSequence(home_);
+}
+
+Status Delegate::UseSequence(const std::shared_ptr<kvcache::Sequence>& sequence) {
+  if (sequence->id() == sequence_id_) return Status::Ok();
+  std::vector<std::shared_ptr<kvcache::KVCache>> caches(layers_.size());
+  for (size_t i = 0; i < layers_.size(); ++i) {
+    ZEROKV_RETURN_IF_ERROR(
+        sequence->Acquire(layers_[i].storage_key, layers_[i].config, ops_, &caches[i]));
+  }
+  caches_ = std::move(caches);
+  sequence_id_ = sequence->id();
   return Status::Ok();
 }
 
@@ -270,6 +323,9 @@ Delegate::~Delegate() {
   if (empty_tensor_address_) ops_->Free(empty_tensor_address_);
   if (done_event_) ops_->DestroyEvent(done_event_);
   if (own_stream_) ops_->DestroyStream(own_stream_);
+  if (home_) {
+    for (const Layer& layer : layers_) home_->Release(method_, layer.storage_key);
+  }
 }
 
 Status Delegate::Drain() {
@@ -287,7 +343,12 @@ const void* Delegate::bound_address(const std::string& name) const {
 
 Status Delegate::EnsureStaging(Binding& binding) {
   if (binding.staging) return Status::Ok();
-  return ops_->Allocate(binding.max_bytes, &binding.staging);
+  if (!binding.max_bytes) {
+    return InvalidProgram("binding " + Quote(binding.spec.name) +
+                          " has no largest size (a dim is unbounded or the bytes overflow): the "
+                          "runtime cannot allocate a buffer for it");
+  }
+  return ops_->Allocate(*binding.max_bytes, &binding.staging);
 }
 
 Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
@@ -336,10 +397,20 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
       }
     }
     plan->tensors[i] = &tensor;
+    // The runtime binds a buffer of its own there: the caller's memory is never read.
+    if (binding.positions_modulo) continue;
     if (input && tensor.nbytes() == 0) continue;
     // Residency is where ExecuTorch planned the buffer; on a CUDA engine the hardware must agree.
     const bool planned_on_device = tensor.device_type() == DeviceType::CUDA;
     const bool wants_device = binding.spec.device == blob::Device::kCuda;
+    if (planned_on_device && cuda_engine && tensor.device_index() != device_id_) {
+      return InvalidArgument(what + " is planned on cuda:" + std::to_string(tensor.device_index()) +
+                             ", but the delegate runs on cuda:" + std::to_string(device_id_));
+    }
+    if (planned_on_device && cuda_engine && !wants_device) {
+      return InvalidArgument(what + " is planned in CUDA memory, but the engine reads it on the host "
+                                    "(its binding is CPU in the blob)");
+    }
     if (planned_on_device && cuda_engine && tensor.nbytes() != 0 &&
         !ops_->IsDeviceMemory(tensor.const_data_ptr())) {
       return InvalidArgument(what + " is planned in CUDA memory but its pointer is not CUDA "
@@ -354,29 +425,34 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
     }
     if (wants_device && !planned_on_device && cuda_engine) {
       plan->staged[i] = true;
-      if (!input) plan->needs_synchronize = true;
+      if (!input) plan->synchronize = true;
     }
   }
   // A non-elided aliased output that the caller reads on the host needs its copy finished too.
   for (size_t i = 0; i < bindings_.size(); ++i) {
     if (bindings_[i].aliased_input && plan->tensors[i] && cuda_engine &&
         plan->tensors[i]->device_type() != DeviceType::CUDA) {
-      plan->needs_synchronize = true;
+      plan->synchronize = true;
     }
   }
-  if (!caches_.empty()) {
+  if (!layers_.empty()) {
     // The step width is shape metadata of an argument: never a read of its (device) contents.
     const Tensor& source = *plan->tensors[step_binding_];
     plan->step = static_cast<uint64_t>(source.size(static_cast<ssize_t>(step_dim_)));
-    for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
-      Status fits = cache->CheckStep(plan->step);
-      if (!fits.ok()) {
-        return Status(fits.code(), "input " + Quote(bindings_[step_binding_].spec.name) +
-                                       " (argument " +
-                                       std::to_string(*bindings_[step_binding_].argument) +
-                                       ") makes this step write " + std::to_string(plan->step) +
-                                       " tokens: " + fits.message());
-      }
+    for (size_t i = 0; i < bindings_.size(); ++i) {
+      const Binding& binding = bindings_[i];
+      if (!binding.positions_modulo) continue;
+      const auto elements = static_cast<uint64_t>(plan->tensors[i]->numel());
+      const bool slots = *binding.positions_modulo != 0;
+      if (elements == plan->step || (!slots && elements == 1)) continue;
+      return InvalidArgument(
+          "input " + Quote(binding.spec.name) + " (argument " + std::to_string(*binding.argument) +
+          ") holds " + std::to_string(elements) + (slots ? " slots" : " positions") +
+          ", but the runtime fills it with " +
+          (slots ? "each token's write slot: it must hold " + std::to_string(plan->step)
+                 : "the step's positions: it must hold 1 (the first) or " +
+                       std::to_string(plan->step) + " (one per token)") +
+          ", the step's width from input " + Quote(bindings_[step_binding_].spec.name));
     }
   }
   for (size_t i = 0; i < bindings_.size(); ++i) {
@@ -389,46 +465,114 @@ Status Delegate::Execute(Span<EValue*> args) {
   Plan plan;
   ZEROKV_RETURN_IF_ERROR(Validate(args, &plan));
 
-  StreamHandle stream = CurrentCallerStream() ? CurrentCallerStream() : own_stream_;
+  if (!layers_.empty()) {
+    // On the thread's sequence, else at home; held for the step from here to the end.
+    std::shared_ptr<kvcache::Sequence> sequence = kvcache::CurrentSequence();
+    ZEROKV_RETURN_IF_ERROR(UseSequence(sequence ? sequence : home_));
+    ZEROKV_RETURN_IF_ERROR(BeginStep(&plan));
+  }
+
+  const std::optional<StreamHandle> caller_stream = CurrentCallerStream();
+  StreamHandle stream = caller_stream ? *caller_stream : own_stream_;
+  // Nothing outside zerokv can order work after our own stream: finish it before returning.
+  if (!caller_stream && own_stream_) plan.synchronize = true;
+  Status status = Status::Ok();
   if (in_flight_) {
     // The last execute's work (possibly on another stream) reads and writes the same staging
     // buffers and caches: order this one after it without blocking the host.
-    ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, done_event_));
-    in_flight_ = false;
+    status = ops_->StreamWaitEvent(stream, done_event_);
+    if (status.ok()) in_flight_ = false;
   }
-  if (caches_.empty()) return Run(plan, stream);
-
   // Whatever happens from here, later users of a cache are ordered after this stream's work on
   // it (a growth copy, a partial run); only a run that finished enqueueing advances a cache.
-  Status status = Status::Ok();
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
-    status = cache->Prepare(plan.step, stream);
-    if (!status.ok()) break;
+    if (status.ok()) status = cache->Prepare(stream);
   }
   if (status.ok()) status = Run(plan, stream);
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
     Status marked = cache->MarkUsed(stream);
     if (status.ok()) status = marked;
   }
-  if (!status.ok()) return status;
-  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) cache->Commit(plan.step);
+  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) cache->EndStep(status.ok());
+  return status;
+}
+
+Status Delegate::BeginStep(Plan* plan) {
+  for (size_t i = 0; i < caches_.size(); ++i) {
+    uint64_t position = 0;
+    Status held = caches_[i]->BeginStep(plan->step, &position);
+    if (held.ok() && i > 0 && position != plan->position) {
+      caches_[i]->EndStep(/*commit=*/false);
+      held = InvalidState("KV storage " + Quote(layers_[i].storage_key) + " is at position " +
+                          std::to_string(position) + " but " + Quote(layers_[0].storage_key) +
+                          " at " + std::to_string(plan->position) +
+                          ": the layers of one step must agree (was a cache reset alone?)");
+    }
+    if (!held.ok()) {
+      for (size_t j = 0; j < i; ++j) caches_[j]->EndStep(/*commit=*/false);
+      return Status(held.code(), "input " + Quote(bindings_[step_binding_].spec.name) +
+                                     " (argument " +
+                                     std::to_string(*bindings_[step_binding_].argument) +
+                                     ") makes this step write " + std::to_string(plan->step) +
+                                     " tokens into KV storage " +
+                                     Quote(layers_[i].storage_key) + ": " + held.message());
+    }
+    plan->position = position;
+  }
   return Status::Ok();
+}
+
+// The step's positions, as the engine input's dtype, on `stream`: position + i for each element
+// (a ring's slots modulo its window); the caller's values are never read.
+Status Delegate::FillPositions(size_t index, const Plan& plan, StreamHandle stream) {
+  Binding& binding = bindings_[index];
+  const auto elements = static_cast<size_t>(plan.tensors[index]->numel());
+  const size_t element_size = engines::ElementSize(binding.spec.dtype);
+  binding.fill.resize(elements * element_size);
+  const uint64_t modulo = *binding.positions_modulo;
+  for (size_t i = 0; i < elements; ++i) {
+    uint64_t value = plan.position + i;
+    if (modulo != 0) value %= modulo;
+    if (binding.spec.dtype == blob::DType::kInt32) {
+      if (value > static_cast<uint64_t>(std::numeric_limits<int32_t>::max())) {
+        return InvalidArgument("input " + Quote(binding.spec.name) + " is INT32, but the step's "
+                               "position " + std::to_string(value) + " does not fit in it");
+      }
+      const auto narrow = static_cast<int32_t>(value);
+      std::memcpy(binding.fill.data() + i * element_size, &narrow, element_size);
+    } else {
+      const auto wide = static_cast<int64_t>(value);
+      std::memcpy(binding.fill.data() + i * element_size, &wide, element_size);
+    }
+  }
+  binding.bound = binding.staging;
+  binding.bound_bytes = binding.fill.size();
+  if (elements == 0) return Status::Ok();
+  return ops_->Copy(binding.staging, binding.fill.data(), binding.fill.size(),
+                    CopyKind::kHostToDevice, stream);
 }
 
 Status Delegate::Run(Plan& plan, StreamHandle stream) {
   for (size_t i = 0; i < bindings_.size(); ++i) {
     Binding& binding = bindings_[i];
     if (binding.spec.direction != blob::Direction::kInput) continue;
-    if (binding.cache) {
-      ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, binding.cache->shape()));
-      binding.bound = binding.cache_value ? binding.cache->v() : binding.cache->k();
-      binding.bound_bytes = binding.cache->bytes_per_tensor();
+    if (binding.layer) {
+      const kvcache::KVCache& cache = *caches_[*binding.layer];
+      ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, cache.shape()));
+      binding.bound = binding.cache_value ? cache.v() : cache.k();
+      binding.bound_bytes = cache.bytes_per_tensor();
       ZEROKV_RETURN_IF_ERROR(
           engine_->SetAddress(binding.spec.name, binding.bound, binding.bound_bytes));
       continue;
     }
     Tensor& tensor = *plan.tensors[i];
     ZEROKV_RETURN_IF_ERROR(engine_->SetInputShape(binding.spec.name, ShapeOf(tensor)));
+    if (binding.positions_modulo) {
+      ZEROKV_RETURN_IF_ERROR(FillPositions(i, plan, stream));
+      ZEROKV_RETURN_IF_ERROR(
+          engine_->SetAddress(binding.spec.name, binding.bound, binding.bound_bytes));
+      continue;
+    }
     if (tensor.nbytes() == 0) {
       binding.bound = empty_tensor_address_;
     } else if (plan.staged[i]) {
@@ -492,7 +636,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
                                       stream));
   }
 
-  if (plan.needs_synchronize) return ops_->SynchronizeStream(stream);
+  if (plan.synchronize) return ops_->SynchronizeStream(stream);
   if (done_event_) {
     ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(done_event_, stream));
     in_flight_ = true;

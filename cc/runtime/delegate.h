@@ -12,21 +12,32 @@
 // A host-resident alias target is refused, because staging it would discard the update.
 //
 // Staging: a non-aliased argument that is host-resident while its binding is on CUDA, on a CUDA
-// engine, goes through a delegate-owned device buffer (inputs copied in, outputs copied out). Only
-// a staged output makes execute synchronize; otherwise it returns with the work in flight.
+// engine, goes through a delegate-owned device buffer (inputs copied in, outputs copied out).
 //
-// Streams: the caller's stream (CallerStreamGuard) when one is set, else a stream of the
-// delegate's own. An event recorded at the end of each unsynchronized execute is waited on by the
-// next execute's stream and drained before destruction.
+// Streams: the caller's stream when a CallerStreamGuard is live (over nullptr: the legacy default
+// stream), else a stream of the delegate's own. Without a caller stream nothing outside zerokv can
+// order work after ours, so execute finishes its own stream before returning, whatever reads the
+// results next (ExecuTorch's copies through any DeviceAllocator, a device-resident method output,
+// another backend). On a caller stream execute returns with the work in flight (a staged output
+// excepted: the caller reads it on the host) and records an event that the next execute's stream
+// waits on and destruction drains.
 //
 // Runtime-owned KV caches (the blob's kv_layers): their K and V inputs, and the outputs aliased to
-// them, are not arguments. Each layer's storage comes from the KVCacheRegistry by storage_key
-// (shared with the program's other delegates naming it). The delegate owns the step: before the
-// run it reads the step's token count from the argument the blob's step_width_source names (its
-// extent along that dim: shape metadata, never device contents), grows each cache to hold it on
-// the run's stream, and binds the K/V inputs and their aliased outputs at [batch, heads, capacity,
-// head_dim]; after a successful run it commits the step. A refused or failed execute never
-// advances a cache.
+// them, are not arguments. Each execute runs on a sequence (cc/kvcache/sequence.h): the one current
+// on the thread, else the delegate's home (current at load, or the implicit sequence), whose cache
+// of each layer's storage_key it binds. The delegate owns the step: before the run it reads the
+// step's token count from the argument the blob's step_width_source names (its extent along that
+// dim: shape metadata, never device contents), holds each cache for the step (refused while another
+// step or a reset holds one), grows it on the run's stream, binds the K/V inputs and their aliased
+// outputs at [batch, heads, capacity, head_dim], and binds the blob's positions_binding (and each
+// ring layer's slots_binding) to a buffer of its own, filled on the run's stream with the step's
+// positions [length, length + step) from the committed length (a ring's slots modulo its window).
+// The caller's tensor for those inputs supplies the shape only: its values are never read. After a
+// successful run it commits the step; a refused or failed execute never advances a cache, so a
+// retry writes the same positions again.
+//
+// Threads: one delegate serves one thread at a time (ExecuTorch runs a method's instructions in
+// order); different delegates execute concurrently, each on its own sequence.
 //
 // Errors: every check on the arguments (and on the caches' room for the step) runs before anything
 // is bound, copied or enqueued, so a refused execute leaves the caller's buffers untouched. Each
@@ -46,6 +57,7 @@
 #include "cc/blob/blob.h"
 #include "cc/engines/engine.h"
 #include "cc/kvcache/kv_cache.h"
+#include "cc/kvcache/sequence.h"
 #include "cc/runtime/device_ops.h"
 #include "cc/runtime/status.h"
 
@@ -56,10 +68,14 @@ class Delegate {
   // Checks the blob against the engine: the same bindings (name, direction, dtype), the same
   // aliased I/O in both directions, no duplicate alias, and a recorded elision that the engine's
   // aliases can honour. Each KV layer's K and V bindings must have a static batch and a positions
-  // dim that admits every capacity the cache may take; its storage is acquired here (shared by
-  // storage_key, refused when held with another layout or device), allocated at the first step.
+  // dim that admits every capacity the cache may take; its cache is acquired here from the home
+  // sequence (refused when held there with another layout or device), allocated at the first step.
+  // positions_binding and slots_binding need bounded dims (the runtime's buffer for them holds the
+  // largest). The KV layers' home is the sequence current on this thread, else the implicit one,
+  // which refuses a second delegate of `method` (the ExecuTorch method's name) over its storage.
   static Status Create(const blob::Blob& blob, std::unique_ptr<engines::Engine> engine,
-                       std::unique_ptr<DeviceOps> ops, std::unique_ptr<Delegate>* delegate);
+                       std::unique_ptr<DeviceOps> ops, const std::string& method,
+                       std::unique_ptr<Delegate>* delegate);
 
   // Drains the in-flight work, then frees the engine, the staging buffers and the stream.
   ~Delegate();
@@ -83,29 +99,47 @@ class Delegate {
     std::optional<size_t> argument;       // index in the delegate arguments; nullopt when elided
     std::optional<size_t> aliased_input;  // an aliased output: index of its input in bindings_
     bool alias_target = false;            // an input some output is written through
-    size_t max_bytes = 0;                 // bytes at the largest shape the blob allows
-    void* staging = nullptr;              // device buffer for a host-resident argument
+    // Bytes at the largest shape the blob allows; nullopt when a dim is unbounded or they overflow.
+    std::optional<size_t> max_bytes;
+    void* staging = nullptr;              // device buffer: a host-resident argument's, or the fill's
     void* bound = nullptr;                // address bound at the last Execute
     size_t bound_bytes = 0;               // bytes bound there
-    kvcache::KVCache* cache = nullptr;    // a runtime-owned input: its layer's storage
+    std::optional<size_t> layer;          // a runtime-owned input: its layer, index into layers_
     bool cache_value = false;             // ... the V tensor of it (else K)
+    // An argument the runtime fills with the step's positions, modulo this when nonzero (a ring's
+    // write slots); `fill` is the host copy of those values.
+    std::optional<uint64_t> positions_modulo;
+    std::vector<uint8_t> fill;
+  };
+  struct Layer {
+    std::string storage_key;
+    kvcache::KVCacheConfig config;
   };
   struct Plan;  // What Execute decided for each argument, before touching anything.
 
   Delegate(std::unique_ptr<engines::Engine> engine, std::shared_ptr<DeviceOps> ops);
 
-  Status AcquireCaches(const blob::Blob& blob,
-                       const std::unordered_map<std::string, size_t>& index_of);
+  Status PlanCaches(const blob::Blob& blob, const std::unordered_map<std::string, size_t>& index_of);
   Status Validate(executorch::runtime::Span<executorch::runtime::EValue*> args, Plan* plan);
+  // The caches of the sequence this execute runs on.
+  Status UseSequence(const std::shared_ptr<kvcache::Sequence>& sequence);
+  // Holds every cache for the step and reads its first position; on failure holds none.
+  Status BeginStep(Plan* plan);
   // Binds everything, enqueues the engine and finishes the outputs, on `stream`.
   Status Run(Plan& plan, StreamHandle stream);
+  Status FillPositions(size_t index, const Plan& plan, StreamHandle stream);
   Status EnsureStaging(Binding& binding);
   Status Drain();
 
   std::unique_ptr<engines::Engine> engine_;
   std::shared_ptr<DeviceOps> ops_;  // shared with the KV caches this delegate created
   std::vector<Binding> bindings_;
-  std::vector<std::shared_ptr<kvcache::KVCache>> caches_;
+  std::string method_;
+  int device_id_ = 0;  // the CUDA device an engine on CUDA runs on
+  std::vector<Layer> layers_;
+  std::shared_ptr<kvcache::Sequence> home_;  // where loads placed the caches; executes default here
+  std::vector<std::shared_ptr<kvcache::KVCache>> caches_;  // of sequence_id_, indexed like layers_
+  uint64_t sequence_id_ = 0;
   size_t step_binding_ = 0;  // the binding (an argument input) whose extent is the step width
   size_t step_dim_ = 0;
   blob::DelegateSignature signature_;

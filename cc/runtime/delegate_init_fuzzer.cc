@@ -90,10 +90,11 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const ComputeDevice device = perturb.ConsumeBool() ? ComputeDevice::kCuda : ComputeDevice::kHost;
 
   zerokv::runtime::testing::CountingDeviceOps::Record record;
+  record.capacity = 64 << 20;  // a small device: a blob's largest shapes may be any size
   std::unique_ptr<zerokv::runtime::Delegate> delegate;
   const zerokv::runtime::Status status = zerokv::runtime::Delegate::Create(
       blob, std::make_unique<zerokv::engines::TestEngine>(bindings, aliases, device),
-      std::make_unique<zerokv::runtime::testing::CountingDeviceOps>(&record), &delegate);
+      std::make_unique<zerokv::runtime::testing::CountingDeviceOps>(&record), "forward", &delegate);
   if (!status.ok()) {
     if (status.message().empty() || delegate) std::abort();  // a refusal says why, and creates nothing
     return 0;

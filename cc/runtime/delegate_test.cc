@@ -13,10 +13,11 @@
 #include <gtest/gtest.h>
 
 #include "cc/engines/testing/test_engine.h"
-#include "cc/kvcache/registry.h"
+#include "cc/kvcache/sequence.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
+#include "cc/runtime/testing/runtime_kv_model.h"
 
 namespace zerokv::runtime {
 namespace {
@@ -35,7 +36,10 @@ using executorch::runtime::Error;
 using executorch::runtime::EValue;
 using executorch::runtime::Span;
 using testing::CountingDeviceOps;
+using testing::EngineBindingsOf;
 using testing::OwnedTensor;
+using testing::RuntimeKvBlob;
+using testing::RuntimeKvEngine;
 using ET = executorch::runtime::etensor::DeviceType;
 
 constexpr int kPositions = 8;
@@ -59,14 +63,6 @@ blob::Blob DecodeBlob(bool elided) {
   };
   blob.metadata.aliased_io = {AliasedIO{"k_cache_out", "k_cache", AliasKind::kKvCacheUpdate}};
   return blob;
-}
-
-std::vector<engines::EngineBinding> EngineBindingsOf(const blob::Blob& blob) {
-  std::vector<engines::EngineBinding> bindings;
-  for (const IOBinding& binding : blob.metadata.bindings) {
-    bindings.push_back({binding.name, binding.direction, binding.dtype});
-  }
-  return bindings;
 }
 
 // The engine's "network": marks position tokens[0] of every cache row with 7 (through the address
@@ -93,11 +89,20 @@ std::unique_ptr<TestEngine> DecodeEngine(const blob::Blob& blob, ComputeDevice d
 
 class DelegateTest : public ::testing::Test {
  protected:
-  // Creates the delegate; `engine_` stays readable (the delegate owns it).
-  Status Create(const blob::Blob& blob, std::unique_ptr<TestEngine> engine) {
+  // Creates the delegate of `method`; `engine_` stays readable (the delegate owns it).
+  Status Create(const blob::Blob& blob, std::unique_ptr<TestEngine> engine,
+                const std::string& method = "decode") {
     engine_ = engine.get();
     return Delegate::Create(blob, std::move(engine),
-                            std::make_unique<CountingDeviceOps>(&record_), &delegate_);
+                            std::make_unique<CountingDeviceOps>(&record_), method, &delegate_);
+  }
+  // Another delegate, e.g. of another method of the same program, on the same counting device.
+  std::unique_ptr<Delegate> CreateAnother(const blob::Blob& blob, std::unique_ptr<TestEngine> engine,
+                                          const std::string& method, Status* status) {
+    std::unique_ptr<Delegate> created;
+    *status = Delegate::Create(blob, std::move(engine),
+                               std::make_unique<CountingDeviceOps>(&record_), method, &created);
+    return created;
   }
   void CreateOrDie(const blob::Blob& blob, ComputeDevice device) {
     Status status = Create(blob, DecodeEngine(blob, device));
@@ -130,7 +135,7 @@ TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   Status status = delegate_->Execute(Span<EValue*>(args, 3));
   ASSERT_TRUE(status.ok()) << status.message();
 
-  // The engine wrote through the caller's pointer, and nothing was copied or waited for.
+  // The engine wrote through the caller's pointer, and nothing was copied.
   EXPECT_EQ(engine_->bound["k_cache_out"].data, cache.data());
   EXPECT_EQ(engine_->bound["k_cache"].data, cache.data());
   EXPECT_EQ(delegate_->bound_address("k_cache_out"), cache.data());
@@ -138,8 +143,6 @@ TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   EXPECT_EQ(cache.data()[(kPositions + 5) * 4], 7.0f);
   EXPECT_EQ(cache.data()[4 * 4], 0.0f);
   EXPECT_TRUE(record_.copies.empty());
-  EXPECT_EQ(record_.synchronizations, 0);
-  EXPECT_EQ(record_.events_recorded, 1);
   // The output was resized to what the engine produced.
   EXPECT_EQ(logits.tensor().size(1), 1);
 }
@@ -153,6 +156,8 @@ TEST_F(DelegateTest, NextExecuteWaitsOnTheInFlightEventAndDestroyDrainsIt) {
   record_.device_memory.insert(logits.data());
   EValue* args[] = {tokens.value(), cache.value(), logits.value()};
 
+  int caller_stream = 0;
+  CallerStreamGuard guard(&caller_stream);
   for (int64_t position : {2, 3}) {
     tokens.data()[0] = position;
     Status status = delegate_->Execute(Span<EValue*>(args, 3));
@@ -187,9 +192,73 @@ TEST_F(DelegateTest, RunsOnTheCallersStreamWhenOneIsSet) {
     ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
     EXPECT_EQ(engine_->last_stream, &caller_stream);
   }
-  EXPECT_EQ(CurrentCallerStream(), nullptr);
+  EXPECT_FALSE(CurrentCallerStream().has_value());
   ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
   EXPECT_EQ(engine_->last_stream, own_stream);
+}
+
+// Without a caller stream nothing outside zerokv can order work after the delegate's own stream
+// (not ExecuTorch's output copies through any DeviceAllocator, not the reader of a device-resident
+// output), so execute finishes that stream before it returns.
+TEST_F(DelegateTest, WithoutACallerStreamExecuteFinishesItsOwnStreamBeforeReturning) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  for (int step = 1; step <= 2; ++step) {
+    ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+    ASSERT_NE(engine_->last_stream, nullptr);
+    EXPECT_EQ(record_.synchronized_streams,
+              std::vector<StreamHandle>(static_cast<size_t>(step), engine_->last_stream));
+  }
+  // Finished work leaves nothing for the next execute to wait on.
+  EXPECT_EQ(record_.stream_waits, 0);
+  EXPECT_TRUE(record_.copies.empty());
+}
+
+// Under a caller stream the caller orders its own consumers: execute returns with the work in
+// flight, and a later execute on another stream waits for it on the device.
+TEST_F(DelegateTest, UnderACallerStreamExecuteReturnsWithTheWorkInFlight) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  int caller_stream = 0;
+  {
+    CallerStreamGuard guard(&caller_stream);
+    ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  }
+  EXPECT_EQ(record_.synchronizations, 0);
+  EXPECT_EQ(record_.events_recorded, 1);
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(record_.stream_waits, 1);
+  EXPECT_EQ(record_.synchronized_streams, std::vector<StreamHandle>{engine_->last_stream});
+}
+
+// A guard over nullptr selects the legacy default stream; it is not "no caller stream".
+TEST_F(DelegateTest, AnExplicitlyNullCallerStreamSelectsTheLegacyDefaultStream) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  CallerStreamGuard guard(nullptr);
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(engine_->enqueue_count, 1);
+  EXPECT_EQ(engine_->last_stream, nullptr);
+  EXPECT_EQ(record_.synchronizations, 0);
+  EXPECT_EQ(record_.events_recorded, 1);
 }
 
 TEST_F(DelegateTest, WrongArgumentCountIsRefusedWithTheCacheUntouched) {
@@ -298,6 +367,24 @@ TEST_F(DelegateTest, StagesHostInputsAndOutputsAndSynchronizesOnlyThen) {
   EXPECT_EQ(record_.events_recorded, 0);
 }
 
+TEST_F(DelegateTest, AnArgumentWhoseLargestSizeOverflowsIsNotStaged) {
+  // 8 bytes x 2^62 tokens: the largest size the blob allows does not fit in a size_t.
+  blob::Blob blob = DecodeBlob(true);
+  blob.metadata.bindings[0].shape[1] = Dim{0, int64_t{1} << 62};
+  CreateOrDie(blob, ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 2}, ET::CPU);  // host: would be staged
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  Status status = delegate_->Execute(Span<EValue*>(args, 3));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("'tokens'"), std::string::npos) << status.message();
+  EXPECT_EQ(engine_->enqueue_count, 0);
+  EXPECT_TRUE(record_.copies.empty());
+}
+
 TEST_F(DelegateTest, HostEngineNeverStages) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kHost);
   OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CPU);
@@ -400,100 +487,146 @@ TEST_F(DelegateTest, BindingMismatchIsRefused) {
       << status.message();
 }
 
-// Runtime-owned caches: tokens [1, 1..4] int64 (the step width is its dim 1, tokens[0] the first
-// position) -> logits [1, T, 3]; K and V [1, 2, capacity, 4] owned by the runtime, written in place
-// through k_out / v_out. Neither the caches nor their aliased outputs are arguments.
-blob::Blob RuntimeKvBlob(const std::string& storage_key, uint64_t initial, uint64_t max,
-                         Dim positions = Dim{1, -1}, blob::KVPolicy policy = blob::KVPolicy::kFlat,
-                         uint64_t window = 0) {
-  blob::Blob blob;
-  blob.engine_kind = blob::EngineKind::kTensorrt;
-  auto cache = [&](const char* name, Direction direction) {
-    return IOBinding{name, DType::kFloat32, direction, Device::kCuda,
-                     {Dim{1, 1}, Dim{2, 2}, positions, Dim{4, 4}}};
-  };
-  blob.metadata.bindings = {
-      IOBinding{"tokens", DType::kInt64, Direction::kInput, Device::kCuda, {Dim{1, 1}, Dim{1, 4}}},
-      cache("k", Direction::kInput),
-      cache("v", Direction::kInput),
-      IOBinding{"logits", DType::kFloat32, Direction::kOutput, Device::kCuda,
-                {Dim{1, 1}, Dim{1, 4}, Dim{3, 3}}},
-      cache("k_out", Direction::kOutput),
-      cache("v_out", Direction::kOutput),
-  };
-  blob.metadata.aliased_io = {AliasedIO{"k_out", "k", AliasKind::kKvCacheUpdate},
-                              AliasedIO{"v_out", "v", AliasKind::kKvCacheUpdate}};
-  blob.metadata.kv_layers = {blob::KVLayer{"k", "v", storage_key, DType::kFloat32, 2, 4, policy,
-                                           window, initial, max}};
-  blob.metadata.step_width_source = "0:1";
-  return blob;
-}
-
-// The model: writes position p (p+1 in K, -(p+1) in V, modulo the capacity for a ring) for the
-// step's tokens starting at tokens[0], then sets logits[t] to how many positions of K's first row
-// hold data, so a step proves it sees every earlier step. A write past the bound capacity fails.
-std::unique_ptr<TestEngine> RuntimeKvEngine(const blob::Blob& blob, bool ring = false) {
-  auto engine = std::make_unique<TestEngine>(
-      EngineBindingsOf(blob), std::map<std::string, std::string>{{"k_out", "k"}, {"v_out", "v"}},
-      ComputeDevice::kCuda);
-  engine->on_enqueue = [ring](TestEngine& e) -> Status {
-    const int64_t steps = e.input_shapes["tokens"][1];
-    const int64_t capacity = e.input_shapes["k"][2];
-    const int64_t start = static_cast<const int64_t*>(e.bound["tokens"].data)[0];
-    if (!ring && start + steps > capacity) return Internal("test model: write past the capacity");
-    float* k = static_cast<float*>(e.bound["k_out"].data);
-    float* v = static_cast<float*>(e.bound["v_out"].data);
-    for (int64_t t = 0; t < steps; ++t) {
-      const int64_t position = (start + t) % capacity;
-      for (int64_t row = 0; row < 2; ++row) {
-        for (int64_t d = 0; d < 4; ++d) {
-          k[(row * capacity + position) * 4 + d] = static_cast<float>(start + t + 1);
-          v[(row * capacity + position) * 4 + d] = -static_cast<float>(start + t + 1);
-        }
-      }
-    }
-    int64_t filled = 0;
-    for (int64_t position = 0; position < capacity; ++position) filled += k[position * 4] != 0.0f;
-    float* logits = static_cast<float*>(e.bound["logits"].data);
-    for (int64_t i = 0; i < steps * 3; ++i) logits[i] = static_cast<float>(filled);
-    e.output_shapes["logits"] = {1, steps, 3};
-    return Status::Ok();
-  };
-  return engine;
-}
-
 class RuntimeKvTest : public DelegateTest {
  protected:
-  // One step of `steps` tokens from `position`; the logits are readable after it.
-  Status Step(Delegate& delegate, int64_t position, int steps) {
+  // One step of `steps` tokens whose caller says it starts at `position` (the position argument
+  // holds `position_elements` values from there; the runtime overrides them). The logits are
+  // readable after it.
+  Status Step(Delegate& delegate, int64_t position, int steps, int position_elements = 1) {
     tokens_ = std::make_unique<OwnedTensor<int64_t>>(ScalarType::Long, std::vector<int32_t>{1, steps},
                                                      ET::CUDA);
-    tokens_->data()[0] = position;
     record_.device_memory.insert(tokens_->data());
+    position_ = std::make_unique<OwnedTensor<int64_t>>(
+        ScalarType::Long, std::vector<int32_t>{position_elements}, ET::CUDA);
+    for (int i = 0; i < position_elements; ++i) position_->data()[i] = position + i;
+    record_.device_memory.insert(position_->data());
     logits_ = std::make_unique<OwnedTensor<float>>(ScalarType::Float, std::vector<int32_t>{1, 4, 3},
                                                    ET::CUDA);
     record_.device_memory.insert(logits_->data());
-    EValue* args[] = {tokens_->value(), logits_->value()};
-    return delegate.Execute(Span<EValue*>(args, 2));
+    if (delegate.arity() == 3) {
+      EValue* args[] = {tokens_->value(), position_->value(), logits_->value()};
+      return delegate.Execute(Span<EValue*>(args, 3));
+    }
+    // A ring's slots argument: the caller's values are out of range, the runtime's are not.
+    slots_ = std::make_unique<OwnedTensor<int32_t>>(ScalarType::Int, std::vector<int32_t>{steps},
+                                                    ET::CUDA);
+    for (int t = 0; t < steps; ++t) slots_->data()[t] = -1;
+    record_.device_memory.insert(slots_->data());
+    EValue* args[] = {tokens_->value(), position_->value(), slots_->value(), logits_->value()};
+    return delegate.Execute(Span<EValue*>(args, 4));
   }
-  static kvcache::KVCacheMetrics Metrics(const std::string& key) {
-    std::shared_ptr<kvcache::KVCache> cache = kvcache::KVCacheRegistry::Global().Find(key);
+  // The cache of `key` in `sequence`, by default the implicit one (delegates loaded without one).
+  static kvcache::KVCacheMetrics Metrics(const std::string& key,
+                                         std::shared_ptr<kvcache::Sequence> sequence = nullptr) {
+    if (sequence == nullptr) sequence = kvcache::Sequence::FindImplicit();
+    std::shared_ptr<kvcache::KVCache> cache = sequence ? sequence->Find(key) : nullptr;
     EXPECT_NE(cache, nullptr) << key;
     return cache ? cache->metrics() : kvcache::KVCacheMetrics{};
   }
   static float K(const Delegate& delegate, int64_t capacity, int64_t row, int64_t position) {
     return static_cast<const float*>(delegate.bound_address("k"))[(row * capacity + position) * 4];
   }
+  // Everything a refused step must leave as it was: the cache's contents, length and position.
+  struct CacheState {
+    std::vector<uint8_t> k, v;
+    uint64_t length = 0, position = 0, capacity = 0;
+    bool operator==(const CacheState& other) const {
+      return k == other.k && v == other.v && length == other.length &&
+             position == other.position && capacity == other.capacity;
+    }
+  };
+  static CacheState Snapshot(const std::string& key) {
+    std::shared_ptr<kvcache::KVCache> cache = kvcache::Sequence::FindImplicit()->Find(key);
+    const auto* k = static_cast<const uint8_t*>(cache->k());
+    const auto* v = static_cast<const uint8_t*>(cache->v());
+    const size_t bytes = cache->bytes_per_tensor();
+    const kvcache::KVCacheMetrics metrics = cache->metrics();
+    return CacheState{std::vector<uint8_t>(k, k + bytes), std::vector<uint8_t>(v, v + bytes),
+                      metrics.length, metrics.position, metrics.capacity};
+  }
+  // What the engine was bound to for an int64 input, `count` values.
+  std::vector<int64_t> Bound64(const std::string& name, size_t count) {
+    const auto* data = static_cast<const int64_t*>(engine_->bound[name].data);
+    return std::vector<int64_t>(data, data + count);
+  }
 
   std::unique_ptr<OwnedTensor<int64_t>> tokens_;
+  std::unique_ptr<OwnedTensor<int64_t>> position_;
+  std::unique_ptr<OwnedTensor<int32_t>> slots_;
   std::unique_ptr<OwnedTensor<float>> logits_;
 };
+
+// After 6 committed positions the caller says the next token is at 2: the runtime writes it at 6,
+// leaving position 2 as committed, because the positions the engine sees are the runtime's.
+TEST_F(RuntimeKvTest, TheRuntimeSuppliesTheStepsPositionWhateverTheCallerPasses) {
+  const std::string key = "delegate_test.positions";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  EXPECT_EQ(delegate_->arity(), 3u);  // tokens, position, logits: the caches are not arguments
+  for (int64_t position = 0; position < 6; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  ASSERT_EQ(Metrics(key).length, 6u);
+
+  Status status = Step(*delegate_, 2, 1);
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(Metrics(key).length, 7u);
+  EXPECT_EQ(K(*delegate_, 8, 0, 2), 3.0f);  // committed position 2 kept its token
+  EXPECT_EQ(K(*delegate_, 8, 0, 6), 7.0f);  // the new token went to position 6
+  EXPECT_EQ(K(*delegate_, 8, 1, 6), 7.0f);
+  EXPECT_EQ(logits_->data()[0], 7.0f);      // and saw positions 0..6, no gap
+  // The engine read a buffer of the runtime's; the caller's tensor is untouched.
+  EXPECT_NE(engine_->bound["position"].data, position_->data());
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{6});
+  EXPECT_EQ(position_->data()[0], 2);
+}
+
+// A position argument of the step's width gets every token's position.
+TEST_F(RuntimeKvTest, APerTokenPositionArgumentGetsEachTokensPosition) {
+  const std::string key = "delegate_test.per_token";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64, Dim{1, -1}, blob::KVPolicy::kFlat, 0, Dim{1, 4});
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 2, 2).ok());
+  Status status = Step(*delegate_, 40, 3, 3);  // a prefill chunk the caller placed at 40
+  ASSERT_TRUE(status.ok()) << status.message();
+  EXPECT_EQ(Bound64("position", 3), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(Metrics(key).length, 5u);
+  for (int64_t position = 0; position < 5; ++position) {
+    EXPECT_EQ(K(*delegate_, 8, 0, position), static_cast<float>(position + 1)) << position;
+  }
+  // Any other number of positions cannot be filled: refused, naming the argument.
+  Status refused = Step(*delegate_, 5, 3, 2);
+  EXPECT_EQ(refused.code(), Error::InvalidArgument);
+  EXPECT_NE(refused.message().find("input 'position' (argument 1) holds 2 positions"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(Metrics(key).length, 5u);
+}
+
+// A failed run commits nothing; its retry, whatever positions the caller passes, writes the same
+// positions again: no gap, and nothing committed is overwritten. A reset restarts at position 0.
+TEST_F(RuntimeKvTest, RetriesAndResetsNeverLeaveGapsOrOverwriteCommittedPositions) {
+  const std::string key = "delegate_test.retry";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 3; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  auto model = engine_->on_enqueue;
+  engine_->on_enqueue = [](TestEngine&) { return Internal("scripted engine failure"); };
+  EXPECT_EQ(Step(*delegate_, 3, 1).code(), Error::Internal);
+  engine_->on_enqueue = model;
+  ASSERT_TRUE(Step(*delegate_, 9, 1).ok());  // the retry, at a position the caller got wrong
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{3});
+  EXPECT_EQ(Metrics(key).length, 4u);
+  EXPECT_EQ(logits_->data()[0], 4.0f);
+
+  ASSERT_TRUE(kvcache::Sequence::FindImplicit()->Reset().ok());
+  ASSERT_TRUE(Step(*delegate_, 4, 1).ok());  // the caller forgot the reset
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{0});
+  EXPECT_EQ(logits_->data()[0], 1.0f);
+}
 
 TEST_F(RuntimeKvTest, DecodesPastTheInitialCapacityGrowingAndKeepingContents) {
   const std::string key = "delegate_test.grows";
   blob::Blob blob = RuntimeKvBlob(key, 4, 64);
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
-  EXPECT_EQ(delegate_->arity(), 2u);  // tokens, logits: the caches are not arguments
   for (int64_t position = 0; position < 20; ++position) {
     Status status = Step(*delegate_, position, 1);
     ASSERT_TRUE(status.ok()) << position << ": " << status.message();
@@ -513,8 +646,9 @@ TEST_F(RuntimeKvTest, DecodesPastTheInitialCapacityGrowingAndKeepingContents) {
     EXPECT_EQ(K(*delegate_, 32, 1, position), static_cast<float>(position + 1)) << position;
   }
   EXPECT_EQ(K(*delegate_, 32, 1, 20), 0.0f);  // grown storage is zeroed
-  // Growth and use on the delegate's stream, ordered by the cache's event; no host block.
-  EXPECT_EQ(record_.synchronizations, 0);
+  // Growth and use on the delegate's own stream, which each execute finishes before returning;
+  // the host blocks for nothing else.
+  EXPECT_EQ(record_.synchronizations, 20);
 }
 
 TEST_F(RuntimeKvTest, StepWidthComesFromTheSourceArgumentsExtent) {
@@ -549,23 +683,111 @@ TEST_F(RuntimeKvTest, FailedEngineRunDoesNotAdvanceTheCache) {
   EXPECT_EQ(logits_->data()[0], 5.0f);
 }
 
-TEST_F(RuntimeKvTest, StepPastMaxCapacityIsRefusedBeforeAnythingIsBound) {
+TEST_F(RuntimeKvTest, AStepWiderThanTheRemainingCapacityIsRefusedBeforeAnythingIsBound) {
   const std::string key = "delegate_test.full";
   blob::Blob blob = RuntimeKvBlob(key, 4, 8, Dim{4, 8});
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
   ASSERT_TRUE(Step(*delegate_, 0, 4).ok());
-  ASSERT_TRUE(Step(*delegate_, 4, 4).ok());
+  ASSERT_TRUE(Step(*delegate_, 4, 2).ok());
+  const CacheState before = Snapshot(key);
   const int enqueued = engine_->enqueue_count;
   const int waits = record_.stream_waits;
-  Status refused = Step(*delegate_, 8, 1);
+  Status refused = Step(*delegate_, 6, 3);  // 2 positions remain
   EXPECT_EQ(refused.code(), Error::InvalidArgument);
-  EXPECT_NE(refused.message().find("'tokens' (argument 0) makes this step write 1 tokens"),
+  EXPECT_NE(refused.message().find("input 'tokens' (argument 0) makes this step write 3 tokens "
+                                   "into KV storage 'delegate_test.full'"),
             std::string::npos)
       << refused.message();
-  EXPECT_NE(refused.message().find("max_capacity of 8"), std::string::npos) << refused.message();
+  EXPECT_NE(refused.message().find("a step of 3 tokens after 6 would exceed the KV cache's "
+                                   "max_capacity of 8"),
+            std::string::npos)
+      << refused.message();
   EXPECT_EQ(engine_->enqueue_count, enqueued);
   EXPECT_EQ(record_.stream_waits, waits);
+  EXPECT_TRUE(Snapshot(key) == before);
+  ASSERT_TRUE(Step(*delegate_, 6, 2).ok());  // what fits still does
   EXPECT_EQ(Metrics(key).length, 8u);
+}
+
+// A method whose tensors do not match the blob (dtype, rank, extent, device) is refused before
+// anything is bound, naming the argument; every cache keeps its contents, length and position.
+TEST_F(RuntimeKvTest, BadArgumentsAreRefusedNamingTheInputWithEveryCacheUnchanged) {
+  const std::string key = "delegate_test.bad_arguments";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 3; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  const CacheState before = Snapshot(key);
+  const int enqueued = engine_->enqueue_count;
+
+  auto device_tensor = [&](ScalarType type, std::vector<int32_t> sizes, int8_t index = 0) {
+    auto tensor = std::make_unique<OwnedTensor<int64_t>>(type, sizes, ET::CUDA, nullptr, index);
+    record_.device_memory.insert(tensor->data());
+    return tensor;
+  };
+  struct Case {
+    const char* what;
+    std::unique_ptr<OwnedTensor<int64_t>> tokens, position, logits;
+    const char* message;
+  };
+  std::vector<Case> cases;
+  cases.push_back({"tokens dtype", device_tensor(ScalarType::Int, {1, 1}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has dtype Int, the blob INT64"});
+  cases.push_back({"tokens rank", device_tensor(ScalarType::Long, {1, 1, 1}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has rank 3, the blob 2"});
+  cases.push_back({"tokens extent", device_tensor(ScalarType::Long, {1, 5}), nullptr, nullptr,
+                   "input 'tokens' (argument 0) has shape [1, 5]; dim 1 must lie in [1, 4]"});
+  cases.push_back({"position dtype", nullptr, device_tensor(ScalarType::Int, {1}), nullptr,
+                   "input 'position' (argument 1) has dtype Int, the blob INT64"});
+  cases.push_back({"position rank", nullptr, device_tensor(ScalarType::Long, {1, 1}), nullptr,
+                   "input 'position' (argument 1) has rank 2, the blob 1"});
+  cases.push_back({"logits dtype", nullptr, nullptr, device_tensor(ScalarType::Long, {1, 4, 3}),
+                   "output 'logits' (argument 2) has dtype Long, the blob FLOAT32"});
+  cases.push_back({"tokens device", std::make_unique<OwnedTensor<int64_t>>(
+                                        ScalarType::Long, std::vector<int32_t>{1, 1}, ET::CUDA),
+                   nullptr, nullptr,
+                   "input 'tokens' (argument 0) is planned in CUDA memory but its pointer is not "
+                   "CUDA memory"});
+  cases.push_back({"tokens device index", device_tensor(ScalarType::Long, {1, 1}, 1), nullptr,
+                   nullptr, "input 'tokens' (argument 0) is planned on cuda:1, but the delegate "
+                            "runs on cuda:0"});
+  for (Case& bad : cases) {
+    OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+    OwnedTensor<int64_t> position(ScalarType::Long, {1}, ET::CUDA);
+    OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+    for (const void* data : {static_cast<const void*>(tokens.data()),
+                             static_cast<const void*>(position.data()),
+                             static_cast<const void*>(logits.data())}) {
+      record_.device_memory.insert(data);
+    }
+    EValue* args[] = {bad.tokens ? bad.tokens->value() : tokens.value(),
+                      bad.position ? bad.position->value() : position.value(),
+                      bad.logits ? bad.logits->value() : logits.value()};
+    Status refused = delegate_->Execute(Span<EValue*>(args, 3));
+    EXPECT_EQ(refused.code(), Error::InvalidArgument) << bad.what;
+    EXPECT_NE(refused.message().find(bad.message), std::string::npos)
+        << bad.what << ": " << refused.message();
+    EXPECT_EQ(engine_->enqueue_count, enqueued) << bad.what;
+    EXPECT_TRUE(Snapshot(key) == before) << bad.what;
+  }
+  ASSERT_TRUE(Step(*delegate_, 0, 1).ok());
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{3});
+}
+
+// A binding the engine reads on the host (the blob says CPU) cannot take a CUDA-planned tensor on
+// a CUDA engine: the engine would dereference a device pointer on the host.
+TEST_F(RuntimeKvTest, ADevicePlannedArgumentOfAHostBindingIsRefused) {
+  const std::string key = "delegate_test.host_binding";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  blob.metadata.bindings[0].device = Device::kCpu;  // tokens
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  const Status refused = Step(*delegate_, 0, 1);
+  EXPECT_EQ(refused.code(), Error::InvalidArgument);
+  EXPECT_NE(refused.message().find("input 'tokens' (argument 0) is planned in CUDA memory, but the "
+                                   "engine reads it on the host"),
+            std::string::npos)
+      << refused.message();
+  EXPECT_EQ(engine_->enqueue_count, 0);
+  EXPECT_EQ(Metrics(key).length, 0u);
 }
 
 TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
@@ -587,28 +809,37 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
   EXPECT_EQ(logits_->data()[0], 5.0f);
 }
 
-TEST_F(RuntimeKvTest, RingKeepsItsWindow) {
+// A ring layer's write slots are the runtime's too: (position + t) mod window, in the slots
+// argument the model indexes its write with; the caller's values are never read.
+TEST_F(RuntimeKvTest, RingSlotsComeFromTheRuntime) {
   const std::string key = "delegate_test.ring";
   blob::Blob blob = RuntimeKvBlob(key, 6, 6, Dim{1, 6}, blob::KVPolicy::kRing, 6);
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob, /*ring=*/true)).ok());
-  for (int64_t position = 0; position < 9; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  for (int64_t position = 0; position < 9; ++position) {
+    Status status = Step(*delegate_, 0, 1);
+    ASSERT_TRUE(status.ok()) << position << ": " << status.message();
+  }
   const kvcache::KVCacheMetrics metrics = Metrics(key);
   EXPECT_EQ(metrics.capacity, 6u);
   EXPECT_EQ(metrics.length, 6u);
   EXPECT_EQ(metrics.growths, 0u);
   EXPECT_EQ(K(*delegate_, 6, 0, 2), 9.0f);  // position 8 wrapped onto slot 2
-  ASSERT_TRUE(Step(*delegate_, 9, 4).ok());
+  ASSERT_TRUE(Step(*delegate_, 0, 4).ok());  // positions 9..12
+  const auto* slots = static_cast<const int32_t*>(engine_->bound["slots"].data);
+  EXPECT_EQ(std::vector<int32_t>(slots, slots + 4), (std::vector<int32_t>{3, 4, 5, 0}));
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{9});
+  EXPECT_EQ(K(*delegate_, 6, 0, 0), 13.0f);
+  EXPECT_EQ(K(*delegate_, 6, 1, 5), 12.0f);
   EXPECT_EQ(Metrics(key).length, 6u);
 }
 
 TEST_F(RuntimeKvTest, DelegatesNamingOneStorageKeyShareIt) {
   const std::string key = "delegate_test.shared";
   blob::Blob blob = RuntimeKvBlob(key, 4, 64);
-  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
-  std::unique_ptr<Delegate> decode;
-  ASSERT_TRUE(Delegate::Create(blob, RuntimeKvEngine(blob),
-                               std::make_unique<CountingDeviceOps>(&record_), &decode)
-                  .ok());
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob), "prefill").ok());
+  Status created;
+  std::unique_ptr<Delegate> decode = CreateAnother(blob, RuntimeKvEngine(blob), "decode", &created);
+  ASSERT_TRUE(created.ok()) << created.message();
   ASSERT_TRUE(Step(*delegate_, 0, 3).ok());  // "prefill"
   ASSERT_TRUE(Step(*decode, 3, 1).ok());     // "decode" sees the prefill's positions
   EXPECT_EQ(logits_->data()[0], 4.0f);
@@ -619,7 +850,7 @@ TEST_F(RuntimeKvTest, DelegatesNamingOneStorageKeyShareIt) {
   delegate_.reset();
   ASSERT_TRUE(Step(*decode, 4, 1).ok());  // still held by the decode delegate
   decode.reset();
-  EXPECT_EQ(kvcache::KVCacheRegistry::Global().Find(key), nullptr);
+  EXPECT_EQ(kvcache::Sequence::FindImplicit(), nullptr);  // and with it the cache
   EXPECT_EQ(record_.allocations_live, 0);
 }
 
@@ -634,7 +865,7 @@ TEST_F(RuntimeKvTest, LoadRefusesWhatTheRuntimeCannotBind) {
   // The engine computes K in another dtype than the manifest's.
   blob::Blob blob = RuntimeKvBlob("delegate_test.dtype", 4, 64);
   std::vector<engines::EngineBinding> bindings = EngineBindingsOf(blob);
-  bindings[1].dtype = DType::kBfloat16;
+  bindings[2].dtype = DType::kBfloat16;
   status = Create(blob, std::make_unique<TestEngine>(
                             bindings, std::map<std::string, std::string>{{"k_out", "k"}, {"v_out", "v"}},
                             ComputeDevice::kCuda));
@@ -646,7 +877,7 @@ TEST_F(RuntimeKvTest, LoadRefusesWhatTheRuntimeCannotBind) {
   // The manifest names a binding the engine does not have.
   blob::Blob renamed = RuntimeKvBlob("delegate_test.renamed", 4, 64);
   bindings = EngineBindingsOf(renamed);
-  bindings[2].name = "value_cache";
+  bindings[3].name = "value_cache";
   status = Create(renamed, std::make_unique<TestEngine>(
                                bindings, std::map<std::string, std::string>{{"k_out", "k"}},
                                ComputeDevice::kCuda));
@@ -656,15 +887,102 @@ TEST_F(RuntimeKvTest, LoadRefusesWhatTheRuntimeCannotBind) {
 
   // A storage key already held at another layout.
   blob::Blob first = RuntimeKvBlob("delegate_test.layout", 4, 64);
-  std::unique_ptr<Delegate> holder;
-  ASSERT_TRUE(Delegate::Create(first, RuntimeKvEngine(first),
-                               std::make_unique<CountingDeviceOps>(&record_), &holder)
-                  .ok());
+  std::unique_ptr<Delegate> holder = CreateAnother(first, RuntimeKvEngine(first), "prefill", &status);
+  ASSERT_TRUE(status.ok()) << status.message();
   blob::Blob other = RuntimeKvBlob("delegate_test.layout", 8, 64);
   status = Create(other, RuntimeKvEngine(other));
   EXPECT_EQ(status.code(), Error::InvalidProgram);
   EXPECT_NE(status.message().find("'delegate_test.layout' is already held"), std::string::npos)
       << status.message();
+}
+
+// Two loads of one program never share caches unless the caller asks: without a sequence, the
+// second instance of a method over the same storage is refused at load; under a sequence of its
+// own it is isolated from the first.
+TEST_F(RuntimeKvTest, ASecondLoadIsRefusedWithoutASequenceAndIsolatedUnderOne) {
+  const std::string key = "delegate_test.two_loads";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 5; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+
+  Status status;
+  std::unique_ptr<Delegate> second = CreateAnother(blob, RuntimeKvEngine(blob), "decode", &status);
+  EXPECT_EQ(status.code(), Error::InvalidState);
+  EXPECT_NE(status.message().find("a loaded 'decode' delegate already uses KV storage "
+                                  "'delegate_test.two_loads' without a sequence of its own"),
+            std::string::npos)
+      << status.message();
+  EXPECT_EQ(second, nullptr);
+
+  std::shared_ptr<kvcache::Sequence> b = kvcache::Sequence::Create();
+  {
+    kvcache::SequenceGuard guard(b);
+    second = CreateAnother(blob, RuntimeKvEngine(blob), "decode", &status);
+  }
+  ASSERT_TRUE(status.ok()) << status.message();
+  ASSERT_TRUE(Step(*second, 0, 3).ok());  // b's prefill: at home in b, without a guard now
+  EXPECT_EQ(logits_->data()[0], 3.0f);
+  EXPECT_EQ(Metrics(key, b).length, 3u);
+  EXPECT_EQ(Metrics(key).length, 5u);
+  ASSERT_TRUE(Step(*delegate_, 0, 1).ok());  // the first instance goes on where it was
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{5});
+  EXPECT_EQ(logits_->data()[0], 6.0f);
+  EXPECT_NE(delegate_->bound_address("k"), second->bound_address("k"));
+}
+
+// N conversations over one loaded program: a sequence selected around each execute, with its own
+// caches, positions, reset and metrics.
+TEST_F(RuntimeKvTest, SequencesSelectedAroundExecutesAreIndependent) {
+  const std::string key = "delegate_test.sequences";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  std::shared_ptr<kvcache::Sequence> a = kvcache::Sequence::Create(), b = kvcache::Sequence::Create();
+  auto step_on = [&](const std::shared_ptr<kvcache::Sequence>& sequence, int steps) {
+    kvcache::SequenceGuard guard(sequence);
+    Status status = Step(*delegate_, 0, steps);
+    EXPECT_TRUE(status.ok()) << status.message();
+  };
+  step_on(a, 3);
+  step_on(b, 2);
+  step_on(a, 1);
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{3});
+  EXPECT_EQ(logits_->data()[0], 4.0f);  // a saw its own 3 positions, not b's
+  step_on(b, 1);
+  EXPECT_EQ(Bound64("position", 1), std::vector<int64_t>{2});
+  EXPECT_EQ(Metrics(key, a).length, 4u);
+  EXPECT_EQ(Metrics(key, b).length, 3u);
+  ASSERT_TRUE(b->Reset().ok());
+  EXPECT_EQ(Metrics(key, b).length, 0u);
+  EXPECT_EQ(Metrics(key, a).length, 4u);
+  step_on(a, 1);
+  EXPECT_EQ(logits_->data()[0], 5.0f);
+  // The home (implicit) sequence was never written.
+  EXPECT_EQ(Metrics(key).capacity, 0u);
+}
+
+// A reset while a step of the same sequence is in flight is refused, and leaves every cache as
+// it was; the step completes.
+TEST_F(RuntimeKvTest, AResetWhileAStepIsInFlightIsRefused) {
+  const std::string key = "delegate_test.reset_in_flight";
+  blob::Blob blob = RuntimeKvBlob(key, 4, 64);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 3; ++position) ASSERT_TRUE(Step(*delegate_, position, 1).ok());
+  auto model = engine_->on_enqueue;
+  Status reset;
+  engine_->on_enqueue = [&](TestEngine& e) {
+    reset = kvcache::Sequence::FindImplicit()->Reset();  // e.g. another thread, mid-step
+    return model(e);
+  };
+  ASSERT_TRUE(Step(*delegate_, 3, 1).ok());
+  EXPECT_EQ(reset.code(), Error::InvalidState);
+  EXPECT_NE(reset.message().find("cannot reset the sequence: KV storage "
+                                 "'delegate_test.reset_in_flight'"),
+            std::string::npos)
+      << reset.message();
+  EXPECT_EQ(Metrics(key).length, 4u);
+  for (int64_t position = 0; position < 4; ++position) {
+    EXPECT_EQ(K(*delegate_, 4, 0, position), static_cast<float>(position + 1)) << position;
+  }
 }
 
 TEST_F(RuntimeKvTest, ParserRefusesABrokenManifest) {

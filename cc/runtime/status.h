@@ -40,6 +40,9 @@ inline Status InvalidProgram(std::string message) {
 inline Status Internal(std::string message) {
   return Status(executorch::runtime::Error::Internal, std::move(message));
 }
+inline Status InvalidState(std::string message) {
+  return Status(executorch::runtime::Error::InvalidState, std::move(message));
+}
 inline Status NotSupported(std::string message) {
   return Status(executorch::runtime::Error::NotSupported, std::move(message));
 }

@@ -47,13 +47,17 @@ def test_every_older_version_has_fixtures():
         assert f"v{version}_valid_caller_kv" in names
 
 
-def test_version_1_reads_as_it_was_written():
-    parsed = blob.parse(_read("v1_valid_caller_kv"))
-    assert parsed == dataclasses.replace(make_fixtures.caller_kv_blob(), format_version=1)
-    # Fields added since version 1 read as their defaults.
-    assert parsed.metadata.engine_key == "" and parsed.metadata.constants == []
+def test_older_versions_read_as_they_were_written():
+    for version in (1, 2):
+        parsed = blob.parse(_read(f"v{version}_valid_caller_kv"))
+        assert parsed == dataclasses.replace(make_fixtures.caller_kv_blob(), format_version=version)
+        # Fields added since read as their defaults.
+        assert parsed.metadata.engine_key == "" and parsed.metadata.constants == []
+    assert blob.parse(_read("v2_valid_runtime_kv")) == dataclasses.replace(make_fixtures.runtime_kv_blob(),
+                                                                          format_version=2)
+    # Version 1 had no runtime-supplied positions: its model reads the positions its caller gives.
     runtime_kv = blob.parse(_read("v1_valid_runtime_kv"))
-    assert runtime_kv == dataclasses.replace(make_fixtures.runtime_kv_blob(), format_version=1)
+    assert len(runtime_kv.metadata.kv_layers) == 2 and runtime_kv.metadata.positions_binding == ""
 
 
 def test_a_newer_version_is_refused_naming_both_versions():

@@ -70,6 +70,7 @@ def caller_kv_blob():
             ],
             kv_layers=[],
             step_width_source="",
+            positions_binding="",
         ),
         payload=PAYLOAD,
     )
@@ -81,12 +82,18 @@ def runtime_kv_blob():
     blob.engine_kind = EngineKind.TENSORRT
     blob.device_id = 1
     blob.aliased_outputs_elided = False
-    blob.metadata.bindings += [_cache("k_ring", Direction.INPUT, 16), _cache("v_ring", Direction.INPUT, 16)]
+    blob.metadata.bindings += [
+        _cache("k_ring", Direction.INPUT, 16),
+        _cache("v_ring", Direction.INPUT, 16),
+        IOBinding("positions", DType.INT64, Direction.INPUT, Device.CUDA, [Dim(1, 64)]),
+        IOBinding("ring_slots", DType.INT32, Direction.INPUT, Device.CUDA, [Dim(1, 64)]),
+    ]
     blob.metadata.kv_layers = [
-        KVLayer("k_cache", "v_cache", "layers.0", DType.FLOAT32, 2, 16, KVPolicy.FLAT, 0, 8, 64),
-        KVLayer("k_ring", "v_ring", "layers.1", DType.FLOAT32, 2, 16, KVPolicy.RING, 16, 16, 16),
+        KVLayer("k_cache", "v_cache", "layers.0", DType.FLOAT32, 2, 16, KVPolicy.FLAT, 0, 8, 64, ""),
+        KVLayer("k_ring", "v_ring", "layers.1", DType.FLOAT32, 2, 16, KVPolicy.RING, 16, 16, 16, "ring_slots"),
     ]
     blob.metadata.step_width_source = "0:1"
+    blob.metadata.positions_binding = "positions"
     return blob
 
 
@@ -270,6 +277,17 @@ def cases():
     yield "step_width_bad_input", "BAD_STEP_WIDTH_SOURCE", edited(runtime_kv_blob, metadata(step_width_source="5:0"))
     yield "step_width_bad_dim", "BAD_STEP_WIDTH_SOURCE", edited(runtime_kv_blob, metadata(step_width_source="0:2"))
     yield "step_width_without_kv", "BAD_STEP_WIDTH_SOURCE", edited(caller_kv_blob, metadata(step_width_source="0:1"))
+    positions_at = [b.name for b in runtime_kv_blob().metadata.bindings].index("positions")
+    yield "positions_missing", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, metadata(positions_binding=""))
+    yield "positions_without_kv", "BAD_POSITIONS_BINDING", edited(caller_kv_blob, metadata(positions_binding="tokens"))
+    yield "positions_unknown", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, metadata(positions_binding="nope"))
+    yield "positions_runtime_owned", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, metadata(positions_binding="k_ring"))
+    yield "positions_output", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, metadata(positions_binding="logits"))
+    yield "positions_float", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, binding(positions_at, dtype=DType.FLOAT32))
+    yield "slots_on_flat", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(0, slots_binding="ring_slots"))
+    yield "ring_without_slots", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(1, slots_binding=""))
+    yield "slots_are_positions", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(1, slots_binding="positions"))
+    yield "slots_runtime_owned", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(1, slots_binding="k_cache"))
 
     def constant(i, **fields):
         def edit(blob):

@@ -9,12 +9,12 @@ Layout, little-endian, every field fixed-width:
     metadata   the Metadata struct at [metadata_offset, metadata_offset + metadata_size)
     payload    the engine code at [payload_offset, payload_offset + payload_size), payload_offset a
                multiple of PAYLOAD_ALIGNMENT: the AOTInductor package (kernels, no weights since
-               version 2). Empty when the engine lives in ExecuTorch's named data (a TensorRT plan,
+               version 3). Empty when the engine lives in ExecuTorch's named data (a TensorRT plan,
                metadata.engine_key).
 
 Inside the metadata a string is a u32 byte length then that many UTF-8 bytes (no NUL); a list is a
-u32 count then its elements. A struct is a u32 byte size then its fields in order (version 1: its
-fields in order, with no size). Nothing depends on key order.
+u32 count then its elements. A struct is a u32 byte size then its fields in order (versions 1 and
+2: its fields in order, with no size). Nothing depends on key order.
 
 How the format evolves:
 
@@ -26,21 +26,26 @@ How the format evolves:
     older blob). Such a field must mean nothing when it holds its default.
   - Anything else (a field a reader must act on, a new meaning for an old field, a removed field, a
     new enum value) bumps FORMAT_VERSION, so that an older runtime refuses the blob by name.
-  - Each version's layout is frozen: version 1 had fixed-layout structs (no size prefix) and only
-    the fields that are not added(); tests/blob keeps fixtures written by each version's codec.
+  - Each version's layout is frozen: versions 1 and 2 had fixed-layout structs (no size prefix),
+    each with the fields added() up to it; tests/blob keeps fixtures written by each version's codec.
+
+Versions: 1, the first; 2, runtime-supplied positions (positions_binding, slots_binding); 3,
+extensible structs, and weights and plans out of the blob (engine_key, constants).
 """
 
 MAGIC = b"ZKVB"
 # The version the codecs write; they read every version from 1 up to it.
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 # The first version whose structs carry their byte size (and so can grow added() fields).
-EXTENSIBLE_SINCE = 2
+EXTENSIBLE_SINCE = 3
 PAYLOAD_ALIGNMENT = 64
 
 # Scalar field types and their widths in bytes.
 SCALARS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "i64": 8, "bool": 1}
 
 # Each enum is stored as a u8. Value 0 is never valid, so a zeroed field is always caught.
+# A DType is named after its torch (and TensorRT) dtype, FLOAT32 after torch.float32:
+# zerokv.blob.torch_dtypes pairs them by that name.
 ENUMS = {
     "EngineKind": [("TENSORRT", 1), ("AOTI", 2)],
     "DType": [
@@ -57,6 +62,18 @@ ENUMS = {
     "Device": [("CPU", 1), ("CUDA", 2)],
     "AliasKind": [("KV_CACHE_UPDATE", 1), ("USER", 2)],
     "KVPolicy": [("FLAT", 1), ("RING", 2)],
+}
+
+# Bytes per element of each DType: what a runtime sizes a binding's buffer by.
+DTYPE_BYTES = {
+    "FLOAT32": 4,
+    "FLOAT16": 2,
+    "BFLOAT16": 2,
+    "INT32": 4,
+    "INT64": 8,
+    "INT8": 1,
+    "UINT8": 1,
+    "BOOL": 1,
 }
 
 # Every way a blob can be refused. Both codecs report these codes, with a message naming the field.
@@ -81,6 +98,9 @@ ERROR_CODES = [
     ("ELISION_WITHOUT_ALIASES", "aliased outputs are marked elided but there are none"),
     ("BAD_KV_MANIFEST", "a KV manifest entry is inconsistent or names no binding"),
     ("BAD_STEP_WIDTH_SOURCE", "step_width_source is not 'input_index:dim' naming an input"),
+    ("BAD_POSITIONS_BINDING",
+     "positions_binding or a KV layer's slots_binding is missing where required, present where not, or not an "
+     "int32/int64 delegate argument input of its own"),
     ("BAD_NAMED_DATA", "the engine is in both the payload and named data, or a constant is inconsistent"),
 ]
 
@@ -95,7 +115,8 @@ def list_of(element):
 
 def added(version, default):
     """Marks a field added in format `version` (see the module docstring): it ends its struct, and a
-    reader gives it `default` ("", [], 0 or False) where the struct ends before it."""
+    reader gives it `default` ("", [], 0 or False) where the blob's version or the struct ends
+    before it."""
     return ("added", version, default)
 
 
@@ -154,8 +175,8 @@ STRUCTS = [
             # A runtime-owned cache: the K and V input bindings the runtime binds to its storage.
             ("k_binding", NAME),
             ("v_binding", NAME),
-            # Delegates of one program that name the same key share this layer's storage (e.g. the
-            # prefill and decode methods); by convention the cache buffer's fully qualified name.
+            # Delegates of one program that name the same key share this layer's storage within a
+            # sequence (e.g. the prefill and decode methods); unique per export.
             ("storage_key", NAME),
             ("dtype", enum("DType")),
             ("heads", "u32"),
@@ -165,6 +186,11 @@ STRUCTS = [
             ("window", "u64"),
             ("initial_capacity", "u64"),
             ("max_capacity", "u64"),
+            # Ring caches only: the input binding (a delegate argument, int32 or int64, one element
+            # per token of the step) that the runtime fills before each run with the slots the step
+            # writes, (position + i) mod window: the modulo is the runtime's, never the model's.
+            # Empty for flat caches. Ring layers of one window may share it.
+            ("slots_binding", TEXT, added(2, "")),
         ],
     ),
     (
@@ -193,11 +219,16 @@ STRUCTS = [
             # "input_index:dim": the input whose extent along dim is the tokens a step writes; empty
             # when the blob has no runtime-owned caches.
             ("step_width_source", TEXT),
+            # The input binding (a delegate argument, int32 or int64) that the runtime fills before
+            # each run with the step's positions, [length, length + step) from the committed length,
+            # or only the first of them when it holds one element; the caller's tensor supplies the
+            # shape, never the values. Required with kv_layers, empty without.
+            ("positions_binding", TEXT, added(2, "")),
             # The key of ExecuTorch's named data entry that holds the engine (a TensorRT plan);
             # empty when the engine is the blob's payload.
-            ("engine_key", TEXT, added(2, "")),
+            ("engine_key", TEXT, added(3, "")),
             # The engine's constants (AOTInductor: its weights), each read from named data at init.
-            ("constants", list_of("Constant"), added(2, [])),
+            ("constants", list_of("Constant"), added(3, [])),
         ],
     ),
 ]

@@ -1,9 +1,10 @@
 """Prints `N passed, N failed, N skipped` from the build event (JSON) file of a `bazel test`.
 
-    summarize_bep.py BEP.json
+    summarize_bep.py BEP.json ["PASSED|FAILED NAME"...]
 Counts test targets: passed when Bazel's summary says PASSED or FLAKY, skipped when Bazel skipped
 the target (incompatible with this machine), failed otherwise, including a target that failed to
-build. Exits 1 if anything failed or the build did not finish successfully.
+build. Each further argument is a check run besides the tests (.ci/run's), counted as it says.
+Exits 1 if anything failed or the build did not finish successfully.
 """
 
 import json
@@ -43,6 +44,9 @@ def summarize(events):
 def main():
     with open(sys.argv[1]) as f:
         passed, failed, skipped = summarize(json.loads(line) for line in f if line.strip())
+    for check in sys.argv[2:]:
+        status, name = check.split(" ", 1)
+        (passed if status == "PASSED" else failed).append(name)
     for line in failed:
         print("FAILED:", line)
     print(f"{len(passed)} passed, {len(failed)} failed, {len(skipped)} skipped")

@@ -31,12 +31,12 @@ def _sdks_impl(_module_ctx):
         sdk_name = "CUDA toolkit",
         env_var = "CUDA_HOME",
         default_home = "/usr/local/cuda",
+        require_env = "ZEROKV_REQUIRE_CUDA",
         required_files = [
             "include/cuda_runtime.h",
             "lib64/libcudart.so",
         ],
         build_file = Label("//tools/repositories:cuda.BUILD"),
-        missing_build_file = Label("//tools/repositories:missing.BUILD"),
     )
     optional_sdk(
         name = "zerokv_tensorrt",
@@ -47,7 +47,6 @@ def _sdks_impl(_module_ctx):
             "lib/libnvinfer.so",
         ],
         build_file = Label("//tools/repositories:tensorrt.BUILD"),
-        missing_build_file = Label("//tools/repositories:missing.BUILD"),
     )
     local_clang(name = "zerokv_clang")
 

@@ -101,7 +101,10 @@ def _wheel_sdk_impl(rctx):
         if not rctx.path(directory + "/" + required).exists:
             fail("%s in %s lacks %s: a wheel without its C++ SDK" % (rctx.attr.package, directory, required))
     _link_children(rctx, directory)
-    rctx.file("BUILD.bazel", rctx.read(rctx.attr.build_file))
+
+    # {package_dir}: the package's real directory, for linking where Bazel's symlinks would break
+    # $ORIGIN-relative RUNPATHs.
+    rctx.template("BUILD.bazel", rctx.attr.build_file, {"{package_dir}": directory})
     _write_defs(rctx, True)
 
 wheel_sdk = repository_rule(
@@ -115,6 +118,29 @@ wheel_sdk = repository_rule(
     local = True,
 )
 
+def _missing_sdk_build(build_text, sdk_name, why):
+    """A BUILD file that declares every target `build_text` declares, each incompatible.
+
+    Targets that depend on the SDK then are skipped rather than broken, and `bazel query
+    'deps(//...)'` (which follows every select() branch) finds the labels it names.
+    """
+    names = [
+        line.split('"')[1]
+        for line in build_text.splitlines()
+        if line.startswith('    name = "')
+    ]
+    lines = [
+        "# %s not found: %s" % (sdk_name, why),
+        "# Every target of the SDK's BUILD file, incompatible: what needs them is skipped.",
+        'load("@rules_cc//cc:defs.bzl", "cc_library")',
+        "",
+        'package(default_visibility = ["//visibility:public"])',
+        "",
+    ]
+    for name in names:
+        lines.append("cc_library(name = %r, target_compatible_with = [%r])" % (name, _INCOMPATIBLE))
+    return "\n".join(lines) + "\n"
+
 def _optional_sdk_impl(rctx):
     """An SDK rooted at $<env_var> (or a default path); an empty, incompatible repository if absent."""
     home = rctx.os.environ.get(rctx.attr.env_var, "") or rctx.attr.default_home
@@ -125,9 +151,16 @@ def _optional_sdk_impl(rctx):
         missing = [f for f in rctx.attr.required_files if not rctx.path(home + "/" + f).exists]
         if missing:
             missing = ["%s lacks %s" % (home, ", ".join(missing))]
+    required = rctx.attr.require_env and rctx.os.environ.get(rctx.attr.require_env, "")
+    if missing and required:
+        fail("%s=%s (e.g. --config=gpu) needs the %s, which is not found: %s" % (
+            rctx.attr.require_env,
+            required,
+            rctx.attr.sdk_name,
+            missing[0],
+        ))
     if missing:
-        rctx.file("BUILD.bazel", "# %s not found: %s\n" % (rctx.attr.sdk_name, missing[0]) +
-                                 rctx.read(rctx.attr.missing_build_file))
+        rctx.file("BUILD.bazel", _missing_sdk_build(rctx.read(rctx.attr.build_file), rctx.attr.sdk_name, missing[0]))
         _write_defs(rctx, False, missing[0])
         return
     _link_children(rctx, home)
@@ -140,11 +173,12 @@ optional_sdk = repository_rule(
         "sdk_name": attr.string(mandatory = True),
         "env_var": attr.string(mandatory = True),
         "default_home": attr.string(),
+        # Set (by a --config), this environment variable makes a missing SDK an error.
+        "require_env": attr.string(),
         "required_files": attr.string_list(mandatory = True),
         "build_file": attr.label(mandatory = True, allow_single_file = True),
-        "missing_build_file": attr.label(mandatory = True, allow_single_file = True),
     },
-    environ = ["CUDA_HOME", "TENSORRT_HOME"],
+    environ = ["CUDA_HOME", "TENSORRT_HOME", "ZEROKV_REQUIRE_CUDA"],
     local = True,
 )
 

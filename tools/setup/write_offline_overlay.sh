@@ -5,7 +5,12 @@
 #  - a local registry holding googletest 1.18.0 (Debian's /usr/src/googletest with upstream's
 #    target names) and rules_shell 0.4.0. A registry, unlike --override_module, costs nothing
 #    for a workspace that does not use the module;
+#  - an @remote_coverage_tools stand-in: @bazel_tools's test rules name it, so `bazel query
+#    'deps(...)'` of any test would download it; `bazel coverage` (which needs the real one) says
+#    that it is unavailable offline;
 #  - Java: Debian's java_tools and the host JDK instead of downloads.
+# Every path inside the overlay is relative to PREFIX, so that a copy of the prefix (the GPU
+# machine's Bazel bundle, tools/setup/make_bazel_bundle.sh) works wherever it lies.
 # Usage: write_offline_overlay.sh PREFIX >> bazelrc
 set -euo pipefail
 prefix=$1
@@ -42,8 +47,10 @@ echo 'module(name = "zlib")' >"$overlay/modules/zlib/MODULE.bazel"
 printf 'cc_library(\n    name = "zlib",\n    linkopts = ["-lz"],\n    visibility = ["//visibility:public"],\n)\n' \
   >"$overlay/modules/zlib/BUILD.bazel"
 
-ln -sfn "$googletest_src/googletest" "$overlay/src/googletest/googletest"
-ln -sfn "$googletest_src/googlemock" "$overlay/src/googletest/googlemock"
+# From $overlay/src/googletest up to $prefix/usr: usr/local/share/bazel-offline/src/googletest.
+ln -sfn "../../../../../src/googletest/googletest" "$overlay/src/googletest/googletest"
+ln -sfn "../../../../../src/googletest/googlemock" "$overlay/src/googletest/googlemock"
+[ -f "$overlay/src/googletest/googletest/include/gtest/gtest.h" ] || { echo "no googletest in $googletest_src" >&2; exit 1; }
 googletest_module='module(name = "googletest", version = "1.18.0", compatibility_level = 1)
 bazel_dep(name = "rules_cc", version = "0.0.11")'
 echo "$googletest_module" >"$overlay/src/googletest/MODULE.bazel"
@@ -92,13 +99,39 @@ add_to_registry() {  # name version source-dir MODULE.bazel-content
   local dir=$overlay/registry/modules/$1
   mkdir -p "$dir/$2"
   printf '{"homepage": "", "maintainers": [], "versions": ["%s"], "yanked_versions": {}}\n' "$2" >"$dir/metadata.json"
-  printf '{"type": "local_path", "path": "%s"}\n' "$3" >"$dir/$2/source.json"
+  printf '{"type": "local_path", "path": "%s"}\n' "${3#"$prefix"/}" >"$dir/$2/source.json"
   printf '%s\n' "$4" >"$dir/$2/MODULE.bazel"
 }
-echo '{"mirrors": []}' >"$overlay/registry/bazel_registry.json"
+# Sources' paths are relative to module_base_path, itself relative to the registry: the prefix.
+echo '{"mirrors": [], "module_base_path": "../../../../.."}' >"$overlay/registry/bazel_registry.json"
 add_to_registry googletest 1.18.0 "$overlay/src/googletest" "$googletest_module"
 add_to_registry rules_shell 0.4.0 "$rules_shell_src" \
   "$(sed 's/version = "0.0.0"/version = "0.4.0"/' "$rules_shell_src/MODULE.bazel")"
+
+coverage_tools=$overlay/repos/remote_coverage_tools
+mkdir -p "$coverage_tools"
+: >"$coverage_tools/WORKSPACE"
+cat >"$coverage_tools/unavailable.sh" <<'EOF'
+#!/bin/sh
+echo "@remote_coverage_tools is a download, unavailable offline: bazel coverage does not work here" >&2
+exit 1
+EOF
+chmod +x "$coverage_tools/unavailable.sh"
+cat >"$coverage_tools/BUILD.bazel" <<'EOF'
+# Stand-in for @remote_coverage_tools (tools/setup/write_offline_overlay.sh): the targets
+# @bazel_tools//tools/test names, each failing with the reason when run.
+package(default_visibility = ["//visibility:public"])
+
+sh_binary(
+    name = "coverage_report_generator",
+    srcs = ["unavailable.sh"],
+)
+
+sh_binary(
+    name = "lcov_merger",
+    srcs = ["unavailable.sh"],
+)
+EOF
 
 cat <<EOF
 # ---- offline overlay (tools/setup/write_offline_overlay.sh) ----
@@ -109,6 +142,7 @@ common --override_module=zlib=$overlay/modules/zlib
 common --registry=file://$overlay/registry
 # bzlmod only: Bazel 7's WORKSPACE suffix would fetch rules_cc and rules_java from GitHub.
 common --noenable_workspace
+common --override_repository=bazel_tools~remote_coverage_tools_extension~remote_coverage_tools=$coverage_tools
 common --override_repository=rules_java~~toolchains~remote_java_tools=$java_tools
 common --override_repository=rules_java~~toolchains~remote_java_tools_linux=$java_tools
 common --java_runtime_version=local_jdk

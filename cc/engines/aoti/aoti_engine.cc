@@ -170,10 +170,11 @@ class AotiEngine final : public Engine {
     PayloadFile file;
     ZEROKV_RETURN_IF_ERROR(file.Write(blob.payload, blob.payload_size));
 #ifdef ZEROKV_WITH_CUDA
-    // A CUDA package loads onto the current device.
-    if (cudaSetDevice(blob.device_id) != cudaSuccess) {
-      return Internal("cannot select CUDA device " + std::to_string(blob.device_id));
-    }
+    // A CUDA package loads onto the current device. Which kind the package is, its metadata says
+    // only once it is loaded; a host package needs no device, so a machine without a GPU (where
+    // this fails) still loads those, and a CUDA package reports the failure below.
+    const cudaError_t selected = cudaSetDevice(blob.device_id);
+    if (selected != cudaSuccess) cudaGetLastError();  // for a host package, no error: cleared
 #endif
     try {
       loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(file.path(), "model");
@@ -182,7 +183,12 @@ class AotiEngine final : public Engine {
     }
     auto table = loader_->get_metadata();
     ZEROKV_RETURN_IF_ERROR(ReadBindings(std::map<std::string, std::string>(table.begin(), table.end())));
-#ifndef ZEROKV_WITH_CUDA
+#ifdef ZEROKV_WITH_CUDA
+    if (device_ == ComputeDevice::kCuda && selected != cudaSuccess) {
+      return Internal("cannot select CUDA device " + std::to_string(blob.device_id) + ": " +
+                      cudaGetErrorString(selected));
+    }
+#else
     if (device_ == ComputeDevice::kCuda) {
       return runtime::NotSupported(
           "the AOTInductor package was compiled for CUDA, but this engine was built without CUDA");

@@ -23,7 +23,7 @@
 // bound address with at::from_blob, so that buffer is the caller's (or the runtime's): the update
 // costs no copy. The aliased output is not returned by the model; it is the input's buffer.
 // Other outputs are returned in AOTInductor-owned memory and copied to the bound address on the
-// same stream (on the CUDA build: ZEROKV_WITH_CUDA).
+// same stream (CUDA packages: where its BUILD file finds a CUDA toolkit, ZEROKV_WITH_CUDA).
 //
 // Linking //cc/engines/aoti (alwayslink) registers the factory for blob::EngineKind::kAoti.
 #pragma once

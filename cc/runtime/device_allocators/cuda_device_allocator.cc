@@ -2,15 +2,20 @@
 // initialisation: ExecuTorch plans the buffers of cuda:0 delegates in cudaMalloc'd memory and
 // copies method inputs in and outputs out through it. Copies are counted (copy_counters.h).
 //
-// Ordering. zerokv delegates enqueue on the caller's stream (a CallerStreamGuard) or on a
-// non-blocking stream of their own, and return without synchronizing; neither orders with
-// the legacy default stream that a plain cudaMemcpy uses. So:
-//   - under a CallerStreamGuard, both copies are enqueued on the caller's stream: an input copy is
-//     ordered after the previous step's reads of that buffer and before this step's kernels, and an
-//     output copy after the kernels that wrote it; the host waits only for the output copy;
-//   - without one, an input copy completes before it returns, and an output copy first waits for
-//     the device (the delegate's own stream is not visible here).
+// Ordering. zerokv delegates enqueue on the caller's stream (a CallerStreamGuard; nullptr is the
+// legacy default stream) and return with the work in flight, or, without a guard, on a stream of
+// their own that they finish before returning. So the copies go on the caller's stream when one is
+// selected, else on the legacy default stream:
+//   - an input copy is ordered before the kernels that read it: on the caller's stream by the
+//     stream itself; without one it completes before it returns (the delegate's own stream is
+//     non-blocking and does not wait for the legacy stream);
+//   - an output copy is ordered after the kernels that wrote it (on the caller's stream, or by the
+//     delegate having finished its own), and completes before it returns: the host reads it next.
+// Nothing here waits for the whole device: results must not depend on this allocator (another
+// DeviceAllocator, a device-resident method output, another backend reading ours).
 #include <cuda_runtime_api.h>
+
+#include <optional>
 
 #include <executorch/runtime/core/device_allocator.h>
 #include <executorch/runtime/platform/log.h>
@@ -25,6 +30,7 @@ using executorch::runtime::Error;
 using executorch::runtime::Result;
 using executorch::runtime::etensor::DeviceIndex;
 using executorch::runtime::etensor::DeviceType;
+using engines::StreamHandle;
 
 Error Failed(cudaError_t error, const char* what, size_t nbytes) {
   ET_LOG(Error, "zerokv CUDA allocator: %s of %zu bytes failed: %s", what, nbytes, cudaGetErrorString(error));
@@ -63,17 +69,17 @@ class CudaDeviceAllocator final : public executorch::runtime::DeviceAllocator {
   }
   Error copy_host_to_device(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
     cudaError_t error = cudaSetDevice(index);
-    auto stream = static_cast<cudaStream_t>(CurrentCallerStream());
+    const std::optional<StreamHandle> caller_stream = CurrentCallerStream();
+    auto stream = static_cast<cudaStream_t>(caller_stream.value_or(nullptr));
     if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream);
-    if (error == cudaSuccess && stream == nullptr) error = cudaStreamSynchronize(nullptr);
+    if (error == cudaSuccess && !caller_stream) error = cudaStreamSynchronize(stream);
     if (error != cudaSuccess) return Failed(error, "host-to-device copy", nbytes);
     CountHostToDevice(nbytes);
     return Error::Ok;
   }
   Error copy_device_to_host(void* dst, const void* src, size_t nbytes, DeviceIndex index) override {
     cudaError_t error = cudaSetDevice(index);
-    auto stream = static_cast<cudaStream_t>(CurrentCallerStream());
-    if (error == cudaSuccess && stream == nullptr) error = cudaDeviceSynchronize();
+    auto stream = static_cast<cudaStream_t>(CurrentCallerStream().value_or(nullptr));
     if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyDeviceToHost, stream);
     if (error == cudaSuccess) error = cudaStreamSynchronize(stream);
     if (error != cudaSuccess) return Failed(error, "device-to-host copy", nbytes);

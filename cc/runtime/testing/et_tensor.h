@@ -17,7 +17,7 @@ class OwnedTensor {
 
   // Data may be placed by the caller (e.g. in "device" memory); by default the tensor owns it.
   OwnedTensor(executorch::aten::ScalarType type, std::vector<int32_t> sizes, DeviceType device,
-              T* external_data = nullptr)
+              T* external_data = nullptr, int8_t device_index = 0)
       : sizes_(sizes.begin(), sizes.end()) {
     size_t numel = 1;
     for (int32_t size : sizes) numel *= static_cast<size_t>(size);
@@ -33,7 +33,8 @@ class OwnedTensor {
     data_ = external_data ? external_data : owned_.data();
     impl_ = std::make_unique<executorch::aten::TensorImpl>(
         type, static_cast<ssize_t>(sizes_.size()), sizes_.data(), data_, dim_order_.data(),
-        strides_.data(), executorch::aten::TensorShapeDynamism::DYNAMIC_BOUND, device);
+        strides_.data(), executorch::aten::TensorShapeDynamism::DYNAMIC_BOUND, device,
+        device_index);
     value_ = executorch::runtime::EValue(executorch::aten::Tensor(impl_.get()));
   }
 

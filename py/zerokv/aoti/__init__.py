@@ -5,6 +5,12 @@
     build.named_data                                                    # -> ExecuTorch's named data (the weights)
 """
 
-from zerokv.aoti.compile import BLOB_DTYPES, NAMED_DATA_ALIGNMENT, EngineBuild, compile_aoti, named_data_key
+from zerokv.aoti.compile import (
+    NAMED_DATA_ALIGNMENT,
+    AotiCompileError,
+    EngineBuild,
+    compile_aoti,
+    named_data_key,
+)
 
-__all__ = ["BLOB_DTYPES", "NAMED_DATA_ALIGNMENT", "EngineBuild", "compile_aoti", "named_data_key"]
+__all__ = ["NAMED_DATA_ALIGNMENT", "AotiCompileError", "EngineBuild", "compile_aoti", "named_data_key"]

@@ -38,18 +38,14 @@ from torch.export.passes import move_to_device_pass  # torch 2.11 does not impor
 from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
+from zerokv.blob.torch_dtypes import BLOB_DTYPES
+from zerokv.errors import ZeroKVError
 
-# The torch dtype of each blob DType (blob.DType is torch-free); the one place the two are paired.
-BLOB_DTYPES = {
-    torch.float32: blob.DType.FLOAT32,
-    torch.float16: blob.DType.FLOAT16,
-    torch.bfloat16: blob.DType.BFLOAT16,
-    torch.int32: blob.DType.INT32,
-    torch.int64: blob.DType.INT64,
-    torch.int8: blob.DType.INT8,
-    torch.uint8: blob.DType.UINT8,
-    torch.bool: blob.DType.BOOL,
-}
+
+class AotiCompileError(ZeroKVError, ValueError):
+    """The partition cannot be compiled into a zerokv AOTInductor engine; the message names the input
+    or output at fault and what to change."""
+
 
 # Named data entries are aligned for the engines' vector loads (AOTInductor aligns constants to 64).
 NAMED_DATA_ALIGNMENT = 64
@@ -88,7 +84,7 @@ def compile_aoti(
     """
     torch_device = torch.device(device)
     if torch_device.type not in ("cpu", "cuda"):
-        raise ValueError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
+        raise AotiCompileError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
     example_inputs = tuple(t.to(torch_device) for t in example_inputs)
     if isinstance(program, ExportedProgram):
         if torch_device.type == "cuda":
@@ -131,7 +127,7 @@ def compile_aoti(
 def _add_constant(build, name, tensor):
     """Adds `tensor`'s whole storage to build.named_data and its place in it to build.constants."""
     if tensor.dtype not in BLOB_DTYPES:
-        raise ValueError(f"constant {name!r} has dtype {tensor.dtype}, which the blob cannot express")
+        raise AotiCompileError(f"constant {name!r} has dtype {tensor.dtype}, which the blob cannot express")
     storage = tensor.untyped_storage()
     if storage.device.type != "cpu":
         storage = storage.cpu()
@@ -158,7 +154,7 @@ def _binding_table(program: ExportedProgram, binding_device: blob.Device):
     signature = functional.graph_signature
     for spec in signature.output_specs:
         if spec.kind == OutputKind.BUFFER_MUTATION:
-            raise ValueError(
+            raise AotiCompileError(
                 f"the partition mutates buffer {spec.target!r}: a cache the engine owns is not the caller's; "
                 "lift it to an input so the engine writes the caller's buffer"
             )
@@ -179,7 +175,7 @@ def _binding_table(program: ExportedProgram, binding_device: blob.Device):
     for spec in signature.output_specs:
         if spec.kind == OutputKind.USER_OUTPUT:
             if spec.arg.name in names:
-                raise ValueError(f"output {spec.arg.name!r} returns an input unchanged; the engine cannot bind it twice")
+                raise AotiCompileError(f"output {spec.arg.name!r} returns an input unchanged; the engine cannot bind it twice")
             name = _unique(spec.arg.name, names)
             outputs.append(_binding(name, values[spec.arg.name], blob.Direction.OUTPUT, binding_device, ranges))
     return bindings + outputs, aliased_io
@@ -195,9 +191,9 @@ def _unique(name, taken):
 
 def _binding(name, value, direction, device, ranges):
     if not isinstance(value, torch.Tensor):
-        raise ValueError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
+        raise AotiCompileError(f"{direction.name.lower()} {name!r} is not a tensor ({type(value).__name__})")
     if value.dtype not in BLOB_DTYPES:
-        raise ValueError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
+        raise AotiCompileError(f"{direction.name.lower()} {name!r} has dtype {value.dtype}, which the blob cannot express")
     return blob.IOBinding(name, BLOB_DTYPES[value.dtype], direction, device, [_dim(name, d, ranges) for d in value.shape])
 
 
@@ -207,8 +203,8 @@ def _dim(name, size, ranges):
     expr = size.node.expr
     bounds = ranges.get(expr)
     if bounds is None:
-        raise ValueError(f"{name!r} has a derived dynamic dimension {expr}; give it its own Dim with a max")
+        raise AotiCompileError(f"{name!r} has a derived dynamic dimension {expr}; give it its own Dim with a max")
     lower, upper = bounds.lower, bounds.upper
     if not upper.is_finite:
-        raise ValueError(f"{name!r} dimension {expr} has no upper bound; the blob needs one (Dim max)")
+        raise AotiCompileError(f"{name!r} dimension {expr} has no upper bound; the blob needs one (Dim max)")
     return blob.Dim(int(lower), int(upper))

@@ -16,6 +16,7 @@ from zerokv.blob.format_generated import (
     AliasKind,
     BlobFormatError,
     Direction,
+    DType,
     ErrorCode,
     Header,
     KVPolicy,
@@ -133,7 +134,7 @@ def _validate_named_data(metadata, payload_size):
                   f"{constant.storage_offset} is negative in '{constant.name}'")
 
 
-def _validate_metadata(metadata, aliased_outputs_elided):
+def _validate_metadata(metadata, aliased_outputs_elided, format_version):
     bindings = {}
     for i, binding in enumerate(metadata.bindings):
         field = f"metadata.bindings[{i}]"
@@ -204,6 +205,7 @@ def _validate_metadata(metadata, aliased_outputs_elided):
             _fail(ErrorCode.BAD_KV_MANIFEST, f"metadata.aliased_io[{i}].kind",
                   f"'{alias.input}' is runtime-owned, so its alias must be kv_cache_update")
 
+    _validate_runtime_indices(metadata, bindings, runtime_owned, format_version)
     source = metadata.step_width_source
     if not metadata.kv_layers:
         if source:
@@ -221,6 +223,45 @@ def _validate_metadata(metadata, aliased_outputs_elided):
     if dim >= len(binding.shape):
         _fail(ErrorCode.BAD_STEP_WIDTH_SOURCE, "metadata.step_width_source",
               f"dim {dim} of '{binding.name}', which has rank {len(binding.shape)}")
+
+
+def _validate_runtime_indices(metadata, bindings, runtime_owned, format_version):
+    """positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills
+    (from format version 2; a version 1 model reads the positions its caller gives)."""
+    def check(name, field):
+        binding = bindings.get(name)
+        if binding is None or binding.direction != Direction.INPUT or name in runtime_owned:
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, field, f"'{name}' is not a delegate argument input")
+        if binding.dtype not in (DType.INT32, DType.INT64):
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, field, f"'{name}' is {binding.dtype.name}, not INT32 or INT64")
+
+    positions = metadata.positions_binding
+    if not metadata.kv_layers:
+        if positions:
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, "metadata.positions_binding", f"'{positions}' without a KV manifest")
+        return
+    if format_version < 2:
+        return
+    if not positions:
+        _fail(ErrorCode.BAD_POSITIONS_BINDING, "metadata.positions_binding",
+              "empty, but the runtime supplies the positions of every step over runtime-owned caches")
+    check(positions, "metadata.positions_binding")
+    windows = {}
+    for i, layer in enumerate(metadata.kv_layers):
+        field = f"metadata.kv_layers[{i}].slots_binding"
+        slots = layer.slots_binding
+        if layer.policy == KVPolicy.FLAT:
+            if slots:
+                _fail(ErrorCode.BAD_POSITIONS_BINDING, field, f"'{slots}' on a flat cache")
+            continue
+        if not slots:
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, field, "empty, but the runtime supplies a ring cache's write slots")
+        if slots == positions:
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, field, f"'{slots}' is positions_binding too")
+        check(slots, field)
+        if windows.setdefault(slots, layer.window) != layer.window:
+            _fail(ErrorCode.BAD_POSITIONS_BINDING, field,
+                  f"'{slots}' serves ring caches of windows {windows[slots]} and {layer.window}")
 
 
 def _header_for(blob, metadata_size):
@@ -249,7 +290,7 @@ def serialize(blob):
     header = _header_for(blob, len(metadata))
     _validate_header(header, header.blob_size)
     _validate_named_data(blob.metadata, header.payload_size)
-    _validate_metadata(blob.metadata, blob.aliased_outputs_elided)
+    _validate_metadata(blob.metadata, blob.aliased_outputs_elided, blob.format_version)
     padding = b"\0" * (header.payload_offset - HEADER_SIZE - len(metadata))
     return write_header(header) + metadata + padding + bytes(blob.payload)
 
@@ -262,7 +303,7 @@ def parse(data):
     metadata = decode_metadata(data[header.metadata_offset:header.metadata_offset + header.metadata_size],
                                header.format_version)
     _validate_named_data(metadata, header.payload_size)
-    _validate_metadata(metadata, header.aliased_outputs_elided)
+    _validate_metadata(metadata, header.aliased_outputs_elided, header.format_version)
     return Blob(
         engine_kind=header.engine_kind,
         device_id=header.device_id,

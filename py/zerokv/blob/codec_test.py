@@ -40,6 +40,7 @@ def _blob(**changes):
             aliased_io=[AliasedIO("k_out", "k", AliasKind.KV_CACHE_UPDATE)],
             kv_layers=[],
             step_width_source="",
+            positions_binding="",
         ),
         payload=b"\x01" * 1000,
     )
@@ -92,7 +93,7 @@ def test_elision_flag_needs_aliases():
 def test_runtime_owned_alias_must_be_a_kv_update():
     bad = _blob(aliased_outputs_elided=False)
     bad.metadata.aliased_io = [AliasedIO("k_out", "k", AliasKind.USER)]
-    bad.metadata.kv_layers = [KVLayer("k", "k", "layers.0.k", DType.BFLOAT16, 4, 8, KVPolicy.FLAT, 0, 16, 128)]
+    bad.metadata.kv_layers = [KVLayer("k", "k", "layers.0.k", DType.BFLOAT16, 4, 8, KVPolicy.FLAT, 0, 16, 128, "")]
     with pytest.raises(BlobFormatError) as error:
         blob.serialize(bad)
     # k named twice in one layer is refused before the alias kind is looked at.

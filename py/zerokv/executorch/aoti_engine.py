@@ -12,7 +12,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from zerokv import blob
 from zerokv.aoti import compile_aoti
+from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
+from zerokv.executorch.engine_build import check_option_names
 
 COMPILE_DEVICE_SPEC = "zerokv.aoti.compile_device"
 
@@ -22,12 +24,10 @@ def default_compile_device() -> str:
 
 
 def options_to_specs(options):
-    unknown = set(options) - {"compile_device"}
-    if unknown:
-        raise ValueError(f"unknown AOTInductor engine options {sorted(unknown)}; known: ['compile_device']")
+    check_option_names("aoti", options, ("compile_device",))
     device = options.get("compile_device", default_compile_device())
     if device not in ("cpu", "cuda"):
-        raise ValueError(f"AOTInductor compile_device {device!r}: expected 'cpu' or 'cuda'")
+        raise ZeroKVError(f"engine_options['compile_device']: {device!r}; expected 'cpu' or 'cuda'")
     return [CompileSpec(COMPILE_DEVICE_SPEC, device.encode())]
 
 

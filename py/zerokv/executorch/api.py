@@ -16,20 +16,32 @@ import os
 import tempfile
 
 import torch
-from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+from executorch.exir import (
+    EdgeCompileConfig,
+    ExecutorchBackendConfig,
+    ExecutorchProgramManager,
+    to_edge_transform_and_lower,
+)
+from executorch.exir.backend.partitioner import Partitioner
 from torch._decomp import core_aten_decompositions
+from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.executorch.backend import ALIASED_BUFFER, ZeroCopyError, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import PRESERVED_OPS, engine_named, planned_for
+from zerokv.errors import ZeroKVError
+from zerokv.executorch import specs
+from zerokv.executorch.backend import ZeroCopyError
+from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
+from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
-from zerokv.executorch.runtime_kv import RUNTIME_KV, RuntimeKV, detach_runtime_kv_inputs, mark_runtime_kv
+from zerokv.executorch.runtime_kv import RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.specs import NAMED_DATA_TAG
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
-    delegate_nodes,
+    order_copyback_mutations_first,
+    refuse_input_unstaging,
     repoint_aliased_buffer_mutations,
     verify_lowered_method,
+    zerokv_delegates,
 )
 
 logger = logging.getLogger(__name__)
@@ -54,6 +66,7 @@ def export(
     engine_options: dict | None = None,
     other_partitioners=(),
     runtime_kv: RuntimeKV | None = None,
+    constant_methods: dict | None = None,
     named_data: str = "ptd",
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
@@ -71,6 +84,9 @@ def export(
         delegates are never un-staged: only zerokv's engines promise in-place writes.
       runtime_kv: caches the zerokv runtime owns (allocates, grows, binds); they leave the methods'
         inputs and are never serialized. See runtime_kv.py.
+      constant_methods: {method name: value} written as methods that return the value (e.g.
+        get_max_seq_len, get_vocab_size, use_kv_cache: the metadata ExecuTorch's LLM runners read);
+        a name may not be one of `programs`' methods.
       named_data: where the delegates' weights and TensorRT plans go (ExecuTorch named data): "ptd", a
         data file that `save` writes beside the .pte, or "pte", the .pte's own named data segment.
 
@@ -78,22 +94,19 @@ def export(
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
 
     Raises:
-      ZeroCopyError: zero-copy was asked for but cannot be applied safely; names buffer and method.
+      ZeroKVError: every refusal, before anything is built when an argument is at fault. A subclass
+        names what: ZeroCopyError (zero-copy cannot be applied safely; names buffer and method),
+        RuntimeKVError, EngineBuildError (the engine cannot build a delegate; names the method).
     """
-    if isinstance(programs, torch.export.ExportedProgram):
-        programs = {"forward": programs}
-    if not isinstance(programs, dict) or not programs:
-        raise TypeError(f"programs: expected an ExportedProgram or a non-empty {{method: ExportedProgram}}, "
-                        f"got {type(programs).__name__}")
-    for method, program in programs.items():
-        if not isinstance(program, torch.export.ExportedProgram):
-            raise TypeError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
+    programs = _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config,
+                                  engine_options, other_partitioners, runtime_kv, constant_methods, named_data)
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}
     storage_keys = runtime_kv.storage_keys() if runtime_kv else {}
-    for method, program in programs.items():
-        program = program.run_decompositions(_decompositions())
+    decomposed = {method: _decomposed(program) for method, program in programs.items()}
+    _refuse_unshared_buffers(decomposed, zero_copy_kv, backend_config or ExecutorchBackendConfig())
+    for method, program in decomposed.items():
         if runtime_kv:
             mark_runtime_kv(program, runtime_kv, storage_keys, method)
         if zero_copy_kv:
@@ -101,6 +114,8 @@ def export(
             for buffer, reason in declined[method].items():
                 logger.warning("zerokv: method '%s' keeps the copy-back of buffer '%s': %s", method, buffer, reason)
         prepared[method] = program
+    if zero_copy_kv:
+        refuse_input_unstaging(backend_config or ExecutorchBackendConfig(), prepared)
     partitioners = {
         method: [
             ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
@@ -109,11 +124,12 @@ def export(
         ]
         for method, program in prepared.items()
     }
-    edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config)
+    edge = to_edge_transform_and_lower(prepared, partitioner=partitioners, compile_config=compile_config,
+                                       constant_methods=constant_methods)
     for method in prepared:
-        detach_runtime_kv_inputs(edge.exported_program(method), method)
-        if zero_copy_kv:
-            verify_lowered_method(edge.exported_program(method).graph_module, method)
+        detach_runtime_kv(edge.exported_program(method), method)
+        order_copyback_mutations_first(edge.exported_program(method))
+        verify_lowered_method(edge.exported_program(method).graph_module, method)
 
     base = planned_for(adapter, backend_config or ExecutorchBackendConfig(), prepared)
     repointed = any(ALIASED_BUFFER in node.meta for program in prepared.values()
@@ -133,6 +149,90 @@ def export(
     return manager
 
 
+def _decomposed(program):
+    program = program.run_decompositions(_decompositions())
+    # The result shares the caller's constants table, where torch.export keeps non-persistent
+    # buffers (Hugging Face's caches and rotary inv_freq); lowering takes from it what delegates
+    # consume, which would break the caller's program. This copy has a table of its own.
+    return torch.export.ExportedProgram(
+        root=program.graph_module,
+        graph=program.graph,
+        graph_signature=program.graph_signature,
+        state_dict=program.state_dict,
+        range_constraints=program.range_constraints,
+        module_call_graph=program.module_call_graph,
+        example_inputs=program.example_inputs,
+        constants=dict(program.constants),
+        verifiers=program.verifiers,
+    )
+
+
+def _refuse_unshared_buffers(programs, zero_copy_kv, config):
+    """A buffer one method writes and another uses is two buffers in ExecuTorch, one per method,
+    unless memory planning shares mutable buffers (host memory only, so never with zero-copy)."""
+    if len(programs) < 2 or (not zero_copy_kv and _shares_mutable_buffers(config)):
+        return
+    used = {method: {spec.target for spec in program.graph_signature.input_specs if spec.kind == InputKind.BUFFER}
+            for method, program in programs.items()}
+    for method, program in programs.items():
+        written = {spec.target for spec in program.graph_signature.output_specs
+                   if spec.kind == OutputKind.BUFFER_MUTATION}
+        others = sorted(other for other in programs if other != method and written & used[other])
+        if others:
+            shared = sorted(written.intersection(set().union(*(used[other] for other in others))))
+            raise ZeroCopyError(
+                f"buffers {shared} are written by method '{method}' and used by {others}, but each ExecuTorch "
+                "method gets its own copy of a buffer, so the writes would not reach them. Pass the caches as "
+                "method inputs and declare them runtime-owned (zerokv.executorch.export(..., "
+                "runtime_kv=RuntimeKV(...))) to share them between methods"
+                + ("" if zero_copy_kv else ", or plan with share_mutable_buffers=True"))
+
+
+def _shares_mutable_buffers(config):
+    planners = config.memory_planning_pass
+    planners = planners.values() if isinstance(planners, dict) else [planners]
+    return any(getattr(planner, "share_mutable_buffers", False) for planner in planners)
+
+
+def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config, engine_options,
+                       other_partitioners, runtime_kv, constant_methods, named_data):
+    """{method: ExportedProgram}, after refusing any bad argument with a ZeroKVError naming it."""
+    if isinstance(programs, torch.export.ExportedProgram):
+        programs = {"forward": programs}
+    if not isinstance(programs, dict) or not programs:
+        raise ZeroKVError(f"programs: expected an ExportedProgram or a non-empty {{method: ExportedProgram}}, "
+                          f"got {type(programs).__name__}")
+    for method, program in programs.items():
+        if not isinstance(program, torch.export.ExportedProgram):
+            raise ZeroKVError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
+    engine_module(engine).options_to_specs({} if engine_options is None else engine_options)
+    specs.parse_device(device)
+    specs.parse_named_data(named_data)
+    if not isinstance(zero_copy_kv, bool):
+        raise ZeroKVError(f"zero_copy_kv: expected a bool, got {zero_copy_kv!r}")
+    for name, value, expected, described in (
+        ("backend_config", backend_config, ExecutorchBackendConfig, "an ExecutorchBackendConfig"),
+        ("compile_config", compile_config, EdgeCompileConfig, "an EdgeCompileConfig"),
+        ("runtime_kv", runtime_kv, RuntimeKV, "a zerokv.executorch.RuntimeKV"),
+    ):
+        if value is not None and not isinstance(value, expected):
+            raise ZeroKVError(f"{name}: expected {described} or None, got {type(value).__name__}")
+    if not isinstance(other_partitioners, (list, tuple)):
+        raise ZeroKVError(f"other_partitioners: expected a list of ExecuTorch Partitioners, "
+                          f"got {type(other_partitioners).__name__}")
+    for index, partitioner in enumerate(other_partitioners):
+        if not isinstance(partitioner, Partitioner):
+            raise ZeroKVError(f"other_partitioners[{index}]: expected an ExecuTorch Partitioner, "
+                              f"got {type(partitioner).__name__}")
+    if constant_methods is not None:
+        if not isinstance(constant_methods, dict) or not all(isinstance(name, str) for name in constant_methods):
+            raise ZeroKVError(f"constant_methods: expected {{method name: value}} or None, got {constant_methods!r}")
+        clashing = sorted(set(constant_methods) & set(programs))
+        if clashing:
+            raise ZeroKVError(f"constant_methods {clashing} are also methods of the program")
+    return programs
+
+
 def _marks(program):
     return {
         node.name: {key: node.meta[key] for key in (ALIASED_BUFFER, RUNTIME_KV) if key in node.meta}
@@ -141,9 +241,7 @@ def _marks(program):
 
 
 def _refuse_shared_device_buffers(config):
-    planners = config.memory_planning_pass
-    planners = planners.values() if isinstance(planners, dict) else [planners]
-    if any(getattr(planner, "share_mutable_buffers", False) for planner in planners):
+    if _shares_mutable_buffers(config):
         raise ZeroCopyError(
             "share_mutable_buffers cannot share zero-copy KV caches across methods: ExecuTorch 1.5.1 shares "
             "mutable buffers only in host memory (mem_id 1), and the engines write the caches in device "
@@ -151,11 +249,14 @@ def _refuse_shared_device_buffers(config):
             "share their storage between methods")
 
 
-def _has_zero_copy_delegate(manager) -> bool:
+def _has_zero_copy(manager) -> bool:
+    """Whether any method has a zero-copy delegate or a cache marked for one."""
     for method in manager.methods:
-        for _, lowered in delegate_nodes(manager.exported_program(method).graph_module):
-            if is_zerokv_delegate(lowered) and parsed_blob(lowered).aliased_outputs_elided:
-                return True
+        exported_program = manager.exported_program(method)
+        if any(ALIASED_BUFFER in node.meta for node in exported_program.graph.find_nodes(op="placeholder")):
+            return True
+        if any(parsed.aliased_outputs_elided for _, _, parsed in zerokv_delegates(exported_program.graph_module)):
+            return True
     return False
 
 
@@ -171,16 +272,19 @@ def save(manager, path: str):
     C++. Each file is written whole or not at all (an existing file is never left truncated), the
     data file first; a data file an earlier save left beside `path` goes when this program has none.
     Returns the paths written."""
-    if _has_zero_copy_delegate(manager):
+    if not isinstance(manager, ExecutorchProgramManager):
+        raise ZeroKVError(f"manager: expected the ExecutorchProgramManager zerokv.executorch.export returns, "
+                          f"got {type(manager).__name__}")
+    if _has_zero_copy(manager):
         check_zero_copy_kv(manager)
     directory = os.path.dirname(os.path.abspath(path))
     written = []
     with tempfile.TemporaryDirectory(dir=directory, prefix=".zerokv-") as data_dir:
         manager.write_tensor_data_to_file(data_dir)
         for name in sorted(os.listdir(data_dir)):
-            if name != f"{NAMED_DATA_TAG}.ptd":
-                raise ValueError(f"the program keeps named data '{name}' of another backend outside the .pte; "
-                                 "zerokv.save writes only zerokv's")
+            if name != f"{specs.NAMED_DATA_TAG}.ptd":
+                raise ZeroKVError(f"the program keeps named data '{name}' of another backend outside the .pte; "
+                                  "zerokv.save writes only zerokv's")
             os.replace(os.path.join(data_dir, name), data_path(path))
             written.append(data_path(path))
     if not written and os.path.exists(data_path(path)):

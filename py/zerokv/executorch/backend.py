@@ -18,17 +18,18 @@ from torch.export.graph_signature import InputKind
 
 from zerokv import blob
 from zerokv.aoti import NAMED_DATA_ALIGNMENT
+from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
+from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
+from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named
-from zerokv.executorch.runtime_kv import RUNTIME_KV, manifest_layers, step_width_source
-
-# Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
-ALIASED_BUFFER = "zerokv_aliased_buffer"
+from zerokv.executorch.engines import ENGINE_KINDS, engine_module, engine_named, written_back
+from zerokv.executorch.runtime_kv import manifest_layers, positions_binding, step_width_source
+from zerokv.kvwrite import is_kv_write
 
 
-class ZeroCopyError(RuntimeError):
-    """Zero-copy KV cannot be applied as asked; the message names the buffer and the method."""
+class ZeroCopyError(ZeroKVError, RuntimeError):
+    """Zero-copy KV cannot be applied as asked; the message names the buffer, the method and the fix."""
 
 
 def _describe(method, user_inputs):
@@ -40,7 +41,7 @@ class ZeroKVBackend(BackendDetails):
     def preprocess(edge_program, compile_specs) -> PreprocessResult:
         engine_name = specs.read(compile_specs, specs.ENGINE)
         if engine_name not in ENGINE_KINDS:
-            raise ValueError(f"compile spec {specs.ENGINE}={engine_name!r}: expected one of {sorted(ENGINE_KINDS)}")
+            raise ZeroKVError(f"compile spec {specs.ENGINE}={engine_name!r}: expected one of {sorted(ENGINE_KINDS)}")
         device = specs.read(compile_specs, specs.TARGET_DEVICE, "cuda:0")
         device_index = specs.parse_device(device)
         method = specs.read(compile_specs, specs.METHOD, "forward")
@@ -62,7 +63,11 @@ class ZeroKVBackend(BackendDetails):
 
         engine = engine_named(engine_name, **engine_options_from_specs(engine_name, compile_specs))
         in_place = [*promised, *(node.name for node in runtime_owned)]
-        build = engine.build(engine_program(edge_program, in_place, delegate), in_place, device)
+        program = engine_program(edge_program, in_place, delegate)
+        try:
+            build = engine.build(program, in_place, device)
+        except ZeroKVError as error:
+            raise EngineBuildError(f"{delegate}: the {engine_name} engine cannot build it: {error}") from error
 
         aliased_inputs = {alias.input for alias in build.aliased_io}
         missing_runtime = {node.name for node in runtime_owned} - aliased_inputs
@@ -74,7 +79,8 @@ class ZeroKVBackend(BackendDetails):
         if lost:
             raise ZeroCopyError(
                 f"{delegate}: the engine does not write {sorted(promised[name] for name in lost)} in place, "
-                "though their copy-back was removed on that promise; the update would be lost")
+                "though their copy-back was removed on that promise; the update would be lost. Export with "
+                "zero_copy_kv=False to keep ExecuTorch's copy-back")
         unpromised = aliased_inputs - set(promised)
         if unpromised:
             raise ZeroCopyError(
@@ -87,11 +93,13 @@ class ZeroKVBackend(BackendDetails):
             aliased_io=build.aliased_io,
             kv_layers=manifest_layers(runtime_owned, build.bindings, delegate),
             step_width_source=step_width_source(runtime_owned, arguments, delegate),
+            positions_binding=positions_binding(runtime_owned, arguments, delegate),
             engine_key=build.engine_key,
             constants=build.constants,
         )
         delegate_signature = blob.delegate_signature(metadata, elided)
-        outputs = len(signature.user_outputs)
+        # The writes of runtime-owned caches leave the delegate's outputs after lowering (runtime_kv).
+        outputs = len(signature.user_outputs) - len(_returned_writes(edge_program, runtime_owned))
         if (len(delegate_signature.inputs), len(delegate_signature.outputs)) != (len(arguments), outputs):
             raise ZeroCopyError(
                 f"{delegate}: the engine takes {len(delegate_signature.inputs)} inputs and gives "
@@ -111,6 +119,15 @@ class ZeroKVBackend(BackendDetails):
         return PreprocessResult(processed_bytes=processed, data_store_output=store.get_named_data_store_output())
 
 
+def _returned_writes(edge_program, caches):
+    returned = edge_program.graph.output_node().args[0]
+    writes = []
+    for cache in caches:
+        writes += [value for value in returned if is_kv_write(written_back(value, cache))
+                   and written_back(value, cache).args[0] is cache]
+    return writes
+
+
 def _refuse_cache_value_outputs(edge_program, promised, delegate):
     """An updated cache read outside the delegate would have to leave it as a cache-sized copy."""
     output_node = edge_program.graph.output_node()
@@ -121,16 +138,9 @@ def _refuse_cache_value_outputs(edge_program, promised, delegate):
             if write in returned:
                 raise ZeroCopyError(
                     f"{delegate}: the updated value of cache '{buffer}' is read outside the delegate; "
-                    "zero-copy KV needs every read of it in the delegate that writes it")
+                    "zero-copy KV needs every read of it in the delegate that writes it: let the engine run "
+                    "that read, or export with zero_copy_kv=False to keep ExecuTorch's copy-back")
 
 
 def engine_options_from_specs(engine_name, compile_specs):
     return engine_module(engine_name).options_from_specs(compile_specs)
-
-
-def is_zerokv_delegate(lowered_module) -> bool:
-    return getattr(lowered_module, "backend_id", None) == ZeroKVBackend.__name__
-
-
-def parsed_blob(lowered_module):
-    return blob.parse(lowered_module.processed_bytes)

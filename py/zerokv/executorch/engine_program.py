@@ -17,7 +17,15 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.executorch.engines import DIM_ORDER_OPS, EngineBuildError, aten_target, is_kv_write, value_readers
+from zerokv.executorch.engine_build import EngineBuildError
+from zerokv.executorch.engines import (
+    DIM_ORDER_OPS,
+    aten_target,
+    value_readers,
+    write_backs,
+    written_back,
+)
+from zerokv.kvwrite import is_kv_write
 
 _IN_PLACE = {
     torch.ops.aten.index_copy.default: torch.ops.aten.index_copy_.default,
@@ -45,6 +53,7 @@ def _rewrite_in_place(graph_module: fx.GraphModule, aliased_inputs, delegate: st
         if cache is None:
             raise EngineBuildError(f"{delegate}: aliased input '{name}' is not an input of the delegate")
         writes = [user for user in cache.users if is_kv_write(user) and user.args[0] is cache]
+        _drop_from_outputs(graph_module, cache, writes)
         others = [user for user in value_readers(cache) if user not in writes and user.op != "output"]
         if len(writes) != 1 or others:
             raise EngineBuildError(
@@ -58,6 +67,19 @@ def _rewrite_in_place(graph_module: fx.GraphModule, aliased_inputs, delegate: st
             write.target = _IN_PLACE[target]
         else:
             raise EngineBuildError(f"{delegate}: no in-place form of {target} for cache '{name}'")
+
+
+def _drop_from_outputs(graph_module: fx.GraphModule, cache: fx.Node, writes):
+    """A write of `cache` the delegate returns (a runtime-owned cache's, kept alive to lowering by its
+    mutation output) is the input's own memory once in place: the engine returns nothing for it."""
+    output_node = graph_module.graph.output_node()
+    returned = output_node.args[0]
+    kept = tuple(value for value in returned if written_back(value, cache) not in writes)
+    output_node.args = (kept,)
+    for value in set(returned) - set(kept):
+        for copy in write_backs(value, cache):
+            if not copy.users:
+                graph_module.graph.erase_node(copy)
 
 
 def _slice_scatter_in_place(graph_module: fx.GraphModule, write: fx.Node):

@@ -5,8 +5,8 @@ import torch
 from torch.export.graph_signature import InputKind, OutputKind
 
 from zerokv import kvwrite
+from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engine_program import engine_program
-from zerokv.executorch.engines import EngineBuildError
 
 
 class FunctionalStep(torch.nn.Module):

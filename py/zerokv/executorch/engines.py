@@ -22,8 +22,12 @@ import executorch.exir  # noqa: F401  (registers the dim_order_ops the Edge dial
 import torch
 from torch import fx
 
-from zerokv import blob
-from zerokv.aoti import BLOB_DTYPES, EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv import blob, kvwrite
+from zerokv.errors import ZeroKVError
+from zerokv.executorch import aoti_engine, tensorrt_engine
+from zerokv.executorch.engine_build import EngineBuild
+from zerokv.tensorrt.converters import CONVERTERS
+from zerokv.tensorrt.kv_cache import kv_write_alias_decline
 
 # Edge spells copies with a dim order; their ATen forms (the dim order dropped, see engine_program).
 DIM_ORDER_OPS = {
@@ -32,17 +36,6 @@ DIM_ORDER_OPS = {
 }
 
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
-
-
-class EngineBuildError(RuntimeError):
-    """The engine could not be built for a delegate; the message names the delegate and why."""
-
-
-def blob_dtype(dtype: torch.dtype, what: str):
-    try:
-        return BLOB_DTYPES[dtype]
-    except KeyError:
-        raise EngineBuildError(f"{what}: dtype {dtype} has no zerokv blob encoding") from None
 
 
 _aten = torch.ops.aten
@@ -64,9 +57,7 @@ _VIEW_OF_COPY = {
 
 def aten_target(node: fx.Node):
     """The ATen overload an engine sees for an FX node, whether its target is an Edge or an ATen op."""
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload):
-        target = getattr(target, "_op", target)  # EdgeOpOverload wraps the ATen overload
+    target = kvwrite.op_overload(node.target)
     if target in DIM_ORDER_OPS:
         return DIM_ORDER_OPS[target]
     return _VIEW_OF_COPY.get(target, target)
@@ -76,26 +67,31 @@ def aten_target(node: fx.Node):
 # would scatter the attention of a decoder layer over several partitions).
 PRESERVED_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.scaled_dot_product_attention.default)
 
-# Functional KV writes an engine can turn into an in-place write of the cache input: the cache is
-# argument 0 and the result has the cache's shape.
-KV_WRITE_OPS = (
-    torch.ops.aten.index_copy.default,
-    torch.ops.aten.index_put.default,
-    torch.ops.aten.slice_scatter.default,
-)
-
-
-# The KV writes TensorRT lowers (as a KV cache update layer, or a scatter when not provably contiguous).
-_TENSORRT_KV_WRITES = (torch.ops.aten.index_copy.default, torch.ops.aten.slice_scatter.default)
-
-
 def value_readers(node: fx.Node):
     """The users of `node` that read its contents (not only its shape, which a write never changes)."""
     return [user for user in node.users if not (user.op == "call_function" and aten_target(user) is _aten.sym_size.int)]
 
 
-def is_kv_write(node: fx.Node) -> bool:
-    return node.op == "call_function" and aten_target(node) in KV_WRITE_OPS
+def _is_write_back(value, cache: fx.Node) -> bool:
+    return (isinstance(value, fx.Node) and value.op == "call_function" and aten_target(value) is _aten.copy.default
+            and value.args[0] is cache)
+
+
+def written_back(value, cache: fx.Node):
+    """What an input mutation of `cache` returns, seen through its write-backs: `src` when `value` is
+    `copy(cache, src)` (export and to_edge each spell a user input's mutation that way), repeatedly."""
+    while _is_write_back(value, cache):
+        value = value.args[1]
+    return value
+
+
+def write_backs(value, cache: fx.Node):
+    """The chain of write-back copies of `cache` ending in `value`, outermost first."""
+    chain = []
+    while _is_write_back(value, cache):
+        chain.append(value)
+        value = value.args[1]
+    return chain
 
 
 def _tensor_shape_supported(node: fx.Node) -> bool:
@@ -114,8 +110,6 @@ class AotiEngine:
     binding_alignment = None  # ExecuTorch's own planning alignment serves it
 
     def __init__(self, compile_device=None):
-        from zerokv.executorch import aoti_engine
-
         self.compile_device = compile_device or aoti_engine.default_compile_device()
 
     def supports(self, node: fx.Node) -> bool:
@@ -125,8 +119,6 @@ class AotiEngine:
         return None
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
-        from zerokv.executorch import aoti_engine
-
         return aoti_engine.build(program, aliased_inputs, device, self.compile_device)
 
 
@@ -146,22 +138,18 @@ class TensorRTEngine:
         self.profiles = profiles
 
     def supports(self, node: fx.Node) -> bool:
-        from zerokv.tensorrt.converters import CONVERTERS
-
         if node.op != "call_function":
             return False
-        target = aten_target(node)
-        return target in CONVERTERS or target in _TENSORRT_KV_WRITES
+        if kvwrite.is_kv_write(node):
+            # Lowered as a KV cache update layer, or a scatter where not provably contiguous: either
+            # needs the written positions.
+            return kvwrite.describes_positions(node)
+        return aten_target(node) in CONVERTERS
 
     def alias_decline(self, write: fx.Node, program) -> str | None:
-        from zerokv import kvwrite
-
-        analysis = kvwrite.analyze_kv_write(write, constants=kvwrite.exported_program_constants(program))
-        return getattr(analysis, "reason", None)
+        return kv_write_alias_decline(write, kvwrite.exported_program_constants(program))
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
-        from zerokv.executorch import tensorrt_engine
-
         return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
 
 
@@ -199,17 +187,13 @@ def engine_named(name: str, **options):
         return AotiEngine(**options)
     if name == "tensorrt":
         return TensorRTEngine(**options)
-    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")
+    raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")
 
 
 def engine_module(name: str):
     """The module of an engine kind: its build and its option <-> compile spec encoding."""
     if name == "aoti":
-        from zerokv.executorch import aoti_engine
-
         return aoti_engine
     if name == "tensorrt":
-        from zerokv.executorch import tensorrt_engine
-
         return tensorrt_engine
-    raise ValueError(f"unknown engine {name!r}: zerokv has {sorted(ENGINE_KINDS)}")
+    raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")

@@ -16,10 +16,8 @@ from torch.fx.passes.infra.partitioner import CapabilityBasedPartitioner
 from torch.fx.passes.operator_support import OperatorSupportBase
 
 from zerokv.executorch import specs
-from zerokv.executorch.backend import ZeroKVBackend
+from zerokv.executorch.delegates import BACKEND_ID
 from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named
-
-BACKEND_ID = ZeroKVBackend.__name__
 
 
 class _EngineSupport(OperatorSupportBase):
@@ -58,6 +56,7 @@ class ZeroKVPartitioner(Partitioner):
                  placeholder_marks=None, export_ranges=None, named_data="ptd"):
         specs.parse_device(device)
         specs.parse_named_data(named_data)
+        option_specs = _engine_option_specs(engine, engine_options)
         self.engine_name = engine
         self.engine = engine_named(engine, **(engine_options or {}))
         self.placeholder_marks = placeholder_marks or {}
@@ -70,7 +69,7 @@ class ZeroKVPartitioner(Partitioner):
                 CompileSpec(specs.METHOD, method.encode()),
                 CompileSpec(specs.ZERO_COPY_KV, b"1" if zero_copy_kv else b"0"),
                 CompileSpec(specs.NAMED_DATA, named_data.encode()),
-                *_engine_option_specs(engine, engine_options),
+                *option_specs,
             ],
         )
 

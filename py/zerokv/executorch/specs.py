@@ -1,5 +1,7 @@
 """The compile specs a zerokv delegate carries (keys; values are UTF-8 bytes)."""
 
+from zerokv.errors import ZeroKVError
+
 # Read by ExecuTorch's PropagateDevicePass: b"cuda:N".
 TARGET_DEVICE = "target_device"
 # b"aoti" or b"tensorrt".
@@ -24,15 +26,15 @@ def read(compile_specs, key, default=None) -> str | None:
 
 
 def parse_named_data(place: str) -> str:
-    """`place` if it is a NAMED_DATA_PLACES value, else ValueError."""
+    """`place` if it is a NAMED_DATA_PLACES value, else ZeroKVError."""
     if place not in NAMED_DATA_PLACES:
-        raise ValueError(f"named data place {place!r}: expected one of {list(NAMED_DATA_PLACES)}")
+        raise ZeroKVError(f"named_data {place!r}: expected one of {list(NAMED_DATA_PLACES)}")
     return place
 
 
 def parse_device(device: str) -> int:
     """The index N of a "cuda:N" device string."""
-    kind, _, index = device.partition(":")
+    kind, _, index = device.partition(":") if isinstance(device, str) else ("", "", "")
     if kind != "cuda" or not index.isdigit():
-        raise ValueError(f"device {device!r}: zerokv delegates run on 'cuda:N'")
+        raise ZeroKVError(f"device {device!r}: zerokv delegates run on 'cuda:N'")
     return int(index)

@@ -12,8 +12,9 @@ from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from zerokv import blob
 from zerokv.aoti import named_data_key
+from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
-from zerokv.executorch.engines import EngineBuild, blob_dtype
+from zerokv.executorch.engine_build import EngineBuild, blob_dtype, check_option_names
 from zerokv.tensorrt.lowering import DynamicDim, lower_to_tensorrt
 from zerokv.tensorrt.profiles import DimRange, Profile
 
@@ -22,15 +23,17 @@ PROFILES_SPEC = "zerokv.tensorrt.profiles"
 
 def options_to_specs(options):
     """{"profiles": [Profile, ...]} as compile specs (JSON of each profile's ranges)."""
-    unknown = set(options) - {"profiles"}
+    check_option_names("tensorrt", options, ("profiles",))
     if not options:
         return []
-    if unknown:
-        raise ValueError(f"unknown TensorRT engine options {sorted(unknown)}; known: ['profiles']")
+    profiles = options["profiles"]
+    if not isinstance(profiles, (list, tuple)) or not all(isinstance(profile, Profile) for profile in profiles):
+        raise ZeroKVError(f"engine_options['profiles']: expected a list of zerokv.tensorrt.profiles.Profile "
+                          f"(e.g. decode_and_prefill_profiles(...)), got {profiles!r}")
     encoded = [
         {"name": profile.name,
          "dims": [[name, axis, r.min, r.opt, r.max] for (name, axis), r in sorted(profile.dims.items())]}
-        for profile in options.get("profiles", ())
+        for profile in profiles
     ]
     return [CompileSpec(PROFILES_SPEC, json.dumps(encoded, sort_keys=True).encode())]
 

@@ -15,8 +15,7 @@ from torch.export.graph_signature import OutputKind
 
 import zerokv.executorch as zx
 from zerokv import blob
-from zerokv.executorch.backend import parsed_blob
-from zerokv.executorch.zero_copy import delegate_nodes
+from zerokv.executorch.delegates import delegate_nodes, parsed_blob
 from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
 
@@ -137,6 +136,31 @@ def test_scattered_write_keeps_its_copy_back_visibly(caplog):
     assert "keeps the copy-back of buffer 'layer.k_cache'" in caplog.text
 
 
+class DecoderWithRankThreeCache(torch.nn.Module):
+    """A decoder step beside a contiguous write into a rank-3 buffer: provably contiguous, but not
+    a [batch, heads, positions, head_dim] cache, which TensorRT's KV cache update layer needs."""
+
+    def __init__(self):
+        super().__init__()
+        self.decoder = tm.TinyDecoder(tm.arange_plus_offset)
+        self.register_buffer("logit_history", torch.zeros(1, tm.VOCAB, tm.MAX_SEQ))
+
+    def forward(self, input_ids, offset):
+        logits = self.decoder(input_ids, offset)
+        positions = torch.arange(input_ids.shape[1]) + offset
+        self.logit_history.index_copy_(2, positions, logits.transpose(1, 2))
+        return logits + self.logit_history.sum(2)[:, None, :]
+
+
+def test_a_write_the_update_layer_cannot_take_keeps_its_copy_back(caplog):
+    with torch.no_grad():
+        program = torch.export.export(DecoderWithRankThreeCache().eval(), (torch.tensor([[1]]), torch.tensor([3])))
+    with caplog.at_level(logging.WARNING, logger="zerokv.executorch.api"):
+        manager = zx.export(program, engine="tensorrt")
+    assert "keeps the copy-back of buffer 'logit_history': " in caplog.text and "must both be rank 4" in caplog.text
+    _assert_caches_zero_copy(manager, caches=("decoder.layer.k_cache", "decoder.layer.v_cache"))
+
+
 def test_host_memory_planning_is_refused():
     config = ExecutorchBackendConfig(enable_non_cpu_memory_planning=False)
     with pytest.raises(zx.ZeroCopyError, match=r"method 'forward': buffer 'layer\.k_cache'.*enable_non_cpu_memory_planning"):
@@ -176,16 +200,16 @@ def test_callers_to_out_var_pass_still_runs():
     _assert_caches_zero_copy(manager)
 
 
-def test_prefill_and_decode_methods_are_both_zero_copy():
+def test_buffer_caches_of_prefill_and_decode_are_refused_not_silently_duplicated():
+    # Each ExecuTorch method would get its own copy of the caches: decode would never see prefill's.
     model = tm.TinyDecoder(tm.arange_plus_offset)
     programs = {
         "prefill": tm.export_decoder(model, 4, torch.tensor([0])),
         "decode": tm.export_decoder(model, 1, torch.tensor([4])),
     }
-    manager = zx.export(programs, engine="tensorrt")
-    for method in programs:
-        _assert_caches_zero_copy(manager, method)
-    zx.check_zero_copy_kv(manager)
+    with pytest.raises(zx.ZeroCopyError, match=r"buffers \['layer.k_cache', 'layer.v_cache'\] are written by method "
+                                               r"'prefill' and used by \['decode'\].*runtime_kv"):
+        zx.export(programs, engine="tensorrt")
 
 
 def test_save_writes_a_checked_program(tmp_path):
@@ -295,11 +319,11 @@ def test_a_program_finalized_without_unstaging_is_refused_by_the_check():
 
 
 def test_bad_arguments_are_refused_naming_what_is_wrong():
-    with pytest.raises(TypeError, match="method 'decode': expected an ExportedProgram, got Linear"):
+    with pytest.raises(zx.ZeroKVError, match="method 'decode': expected an ExportedProgram, got Linear"):
         zx.export({"decode": torch.nn.Linear(2, 2)}, engine="tensorrt")
-    with pytest.raises(ValueError, match="unknown engine 'onnx'"):
+    with pytest.raises(zx.ZeroKVError, match="unknown engine 'onnx'"):
         zx.export(_decoder_program(), engine="onnx")
-    with pytest.raises(ValueError, match="device 'cpu'"):
+    with pytest.raises(zx.ZeroKVError, match="device 'cpu'"):
         zx.export(_decoder_program(), engine="tensorrt", device="cpu")
     with pytest.raises(zx.RuntimeKVError, match="needs 0 < initial_capacity"):
         zx.KVCacheLayer("k", "v", max_capacity=8, initial_capacity=16)

@@ -15,9 +15,11 @@ from zerokv.kvwrite.analysis import (
     analyze_kv_write,
     analyze_kv_writes,
     describe_kv_write,
+    describes_positions,
     exported_program_constants,
     is_kv_write,
     module_attribute_constants,
+    op_overload,
 )
 
 __all__ = [
@@ -32,7 +34,9 @@ __all__ = [
     "analyze_kv_write",
     "analyze_kv_writes",
     "describe_kv_write",
+    "describes_positions",
     "exported_program_constants",
     "is_kv_write",
     "module_attribute_constants",
+    "op_overload",
 ]

@@ -37,8 +37,13 @@ ConstantLookup = Callable[[fx.Node], Union[torch.Tensor, None]]
 # node (`sym_size`, SymInt arithmetic) or a 0-d / [1]-shaped integer tensor.
 Position = Union[int, fx.Node]
 
+# The ops that write a KV cache: the cache is argument 0 (of copy_, the slice it writes into) and
+# the result has the cache's shape. Every engine and pass recognises a KV write by `is_kv_write`.
 _INDEX_COPY_TARGETS = (aten.index_copy.default, aten.index_copy_.default)
 _SLICE_SCATTER_TARGETS = (aten.slice_scatter.default,)
+# index_put writes the positions an index tuple selects; this module does not read them, so it
+# declines those writes, and an engine that needs the positions (TensorRT) leaves them.
+_INDEX_PUT_TARGETS = (aten.index_put.default,)
 _SLICE_TARGETS = (aten.slice.Tensor,)
 _ARANGE_TARGETS = (aten.arange.default, aten.arange.start, aten.arange.start_step)
 _ADD_TARGETS = (aten.add.Tensor, aten.add.Scalar)
@@ -120,33 +125,55 @@ class _Decline(Exception):
     """Internal: carries a decline reason out of the recursive proof."""
 
 
+def op_overload(target):
+    """The ATen OpOverload behind a call_function target: itself, or the one an ExecuTorch Edge
+    op (which wraps it as `_op`) stands for."""
+    wrapped = getattr(target, "_op", None)
+    if not isinstance(target, torch._ops.OpOverload) and isinstance(wrapped, torch._ops.OpOverload):
+        return wrapped
+    return target
+
+
 def is_kv_write(node: fx.Node) -> bool:
-    """Whether `node` is an op form this module can analyse as a cache write."""
+    """Whether `node` writes a KV cache, in ATen or in ExecuTorch's Edge dialect: index_copy(_),
+    index_put, slice_scatter, or copy_ into a slice."""
     if node.op != "call_function":
         return False
-    if node.target in _INDEX_COPY_TARGETS or node.target in _SLICE_SCATTER_TARGETS:
+    target = op_overload(node.target)
+    if target in _INDEX_COPY_TARGETS or target in _SLICE_SCATTER_TARGETS or target in _INDEX_PUT_TARGETS:
         return True
-    if node.target is aten.copy_.default:
+    if target is aten.copy_.default:
         destination = node.args[0]
-        return isinstance(destination, fx.Node) and destination.target in _SLICE_TARGETS
+        return isinstance(destination, fx.Node) and op_overload(destination.target) in _SLICE_TARGETS
     return False
+
+
+def describes_positions(node: fx.Node) -> bool:
+    """Whether `describe_kv_write` says which positions the KV write `node` writes (all but index_put)."""
+    return is_kv_write(node) and op_overload(node.target) not in _INDEX_PUT_TARGETS
 
 
 def describe_kv_write(node: fx.Node) -> KVWriteOp:
     """Splits a cache write into cache, update, dimension and positions.
 
     Raises:
-      ValueError: `node` is not one of the write forms of `is_kv_write`.
+      ValueError: `node` is not a KV write whose positions this module describes.
     """
     if not is_kv_write(node):
         raise ValueError(
             f"node '{node.name}' ({node.target}) is not a KV cache write: expected "
-            "aten.index_copy(_), aten.slice_scatter or aten.copy_ into an aten.slice"
+            "aten.index_copy(_), aten.index_put, aten.slice_scatter or aten.copy_ into an aten.slice"
         )
-    if node.target in _INDEX_COPY_TARGETS:
+    if not describes_positions(node):
+        raise ValueError(
+            f"node '{node.name}' ({node.target}) writes the positions of an index tuple, which are not "
+            "analysed; write the cache with index_copy or a slice to have them proven contiguous"
+        )
+    target = op_overload(node.target)
+    if target in _INDEX_COPY_TARGETS:
         cache, dim, index, update = _args(node, "self", "dim", "index", "source")
         return KVWriteOp(node=node, cache=cache, update=update, dim=dim, index=index)
-    if node.target in _SLICE_SCATTER_TARGETS:
+    if target in _SLICE_SCATTER_TARGETS:
         cache, update = _args(node, "self", "src")
         dim, start, end, step = _slice_bounds(node, first=2)
         return KVWriteOp(

@@ -12,6 +12,7 @@ from zerokv.kvwrite import (
     analyze_kv_write,
     analyze_kv_writes,
     describe_kv_write,
+    describes_positions,
     exported_program_constants,
     is_kv_write,
 )
@@ -238,6 +239,19 @@ def test_describe_names_the_node_that_is_not_a_write():
     output = next(n for n in program.graph.nodes if n.op == "output")
     with pytest.raises(ValueError, match="'output'"):
         describe_kv_write(output)
+
+
+def test_index_put_is_a_kv_write_whose_positions_are_not_described():
+    def write(c, u, o):
+        c[:, :, torch.arange(3) + o] = u
+
+    program = export(write)
+    node = only_write(program)
+    assert node.target is torch.ops.aten.index_put.default
+    assert not describes_positions(node)
+    result = analyse(program)
+    assert isinstance(result, DeclinedWrite) and result.op is None
+    assert "index tuple" in result.reason and "'index_put'" in result.reason
 
 
 def _hand_built_index_copy(index_value):

@@ -3,7 +3,7 @@
 Public API (used by the ExecuTorch partitioner and `preprocess`): see README.md.
 """
 
-from zerokv.tensorrt.kv_cache import KV_CACHE_UPDATE, KVWriteOutcome
+from zerokv.tensorrt.kv_cache import KV_CACHE_UPDATE, KVWriteOutcome, kv_write_alias_decline
 from zerokv.tensorrt.lowering import (
     AliasedIO,
     AliasingPromiseError,
@@ -15,7 +15,6 @@ from zerokv.tensorrt.lowering import (
     TensorRTNetwork,
     build_network,
     lower_to_tensorrt,
-    predict_aliased_caches,
 )
 from zerokv.tensorrt.network import ConversionError
 from zerokv.tensorrt.profiles import (
@@ -47,6 +46,6 @@ __all__ = [
     "build_network",
     "decode_and_prefill_profiles",
     "import_tensorrt",
+    "kv_write_alias_decline",
     "lower_to_tensorrt",
-    "predict_aliased_caches",
 ]

@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import math
 import operator
-from collections.abc import Callable
+import types
+from collections.abc import Callable, Mapping
 
 import torch
 from torch import fx
@@ -22,15 +23,19 @@ from zerokv.tensorrt.network import ConversionError, Extent, NetworkContext, is_
 aten = torch.ops.aten
 
 Converter = Callable[[NetworkContext, fx.Node], object]
-CONVERTERS: dict[object, Converter] = {}
+_CONVERTERS: dict[object, Converter] = {}
+# Read-only: a converter is registered through `converts`, which refuses a second one for a target.
+CONVERTERS: Mapping[object, Converter] = types.MappingProxyType(_CONVERTERS)
 
 
 def converts(*targets):
+    """Registers the decorated converter (or, called on one, that converter) for `targets`."""
+
     def register(function: Converter) -> Converter:
-        for target in targets:
-            if target in CONVERTERS:
-                raise ValueError(f"two converters registered for {target}")
-            CONVERTERS[target] = function
+        taken = [target for target in targets if target in _CONVERTERS]
+        if taken:
+            raise ValueError(f"two converters registered for {', '.join(map(str, taken))}")
+        _CONVERTERS.update(dict.fromkeys(targets, function))
         return function
 
     return register
@@ -95,10 +100,10 @@ def _symint_op(operation_name: str):
     return convert
 
 
-CONVERTERS[operator.add] = _symint_op("SUM")
-CONVERTERS[operator.sub] = _symint_op("SUB")
-CONVERTERS[operator.mul] = _symint_op("PROD")
-CONVERTERS[operator.floordiv] = _symint_op("FLOOR_DIV")
+converts(operator.add)(_symint_op("SUM"))
+converts(operator.sub)(_symint_op("SUB"))
+converts(operator.mul)(_symint_op("PROD"))
+converts(operator.floordiv)(_symint_op("FLOOR_DIV"))
 
 
 # ----- Elementwise arithmetic ------------------------------------------------
@@ -129,7 +134,22 @@ for _target, _operation in (
     (aten.maximum.default, "MAX"),
     (aten.minimum.default, "MIN"),
 ):
-    CONVERTERS[_target] = _binary(_operation)
+    converts(_target)(_binary(_operation))
+
+
+def _logical(operation_name: str):
+    # Masks combine booleans with bitwise and/or (Hugging Face's sliding-window mask); TensorRT's
+    # AND/OR are logical, the same on booleans only.
+    def convert(ctx, node):
+        if result_dtype(node) != torch.bool:
+            raise ConversionError(node, f"only boolean operands are supported, got {result_dtype(node)}")
+        return _binary(operation_name)(ctx, node)
+
+    return convert
+
+
+converts(aten.bitwise_and.Tensor)(_logical("AND"))
+converts(aten.bitwise_or.Tensor)(_logical("OR"))
 
 
 def _comparison(operation_name: str, negate: bool):
@@ -162,7 +182,7 @@ for _target, _operation, _negate in (
     (aten.ge.Tensor, "LESS", True),
     (aten.ge.Scalar, "LESS", True),
 ):
-    CONVERTERS[_target] = _comparison(_operation, _negate)
+    converts(_target)(_comparison(_operation, _negate))
 
 
 @converts(aten.where.self)
@@ -214,7 +234,7 @@ for _target, _operation in (
     (aten.erf.default, "ERF"),
     (aten.abs.default, "ABS"),
 ):
-    CONVERTERS[_target] = _unary(_operation)
+    converts(_target)(_unary(_operation))
 
 
 @converts(aten.rsqrt.default)
@@ -291,10 +311,10 @@ def _reduce(operation_name: str):
     return convert
 
 
-CONVERTERS[aten.mean.dim] = _reduce("AVG")
-CONVERTERS[aten.sum.dim_IntList] = _reduce("SUM")
-CONVERTERS[aten.sum.default] = _reduce("SUM")
-CONVERTERS[aten.amax.default] = _reduce("MAX")
+converts(aten.mean.dim)(_reduce("AVG"))
+converts(aten.sum.dim_IntList)(_reduce("SUM"))
+converts(aten.sum.default)(_reduce("SUM"))
+converts(aten.amax.default)(_reduce("MAX"))
 
 
 @converts(aten._softmax.default, aten.softmax.int)
@@ -563,6 +583,12 @@ def _full(ctx, node):
     dtype = result_dtype(node)
     scalar = ctx.tensor(node.args[1], dtype, rank=len(sizes))
     return ctx.broadcast_to(scalar, sizes)
+
+
+@converts(aten.scalar_tensor.default)
+def _scalar_tensor(ctx, node):
+    # Masks (Hugging Face's where(mask, 0, min)) decompose to scalar_tensor.
+    return ctx.tensor(node.args[0], result_dtype(node), rank=0)
 
 
 @converts(aten.copy.default)

@@ -16,12 +16,32 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from zerokv.blob.torch_dtypes import TORCH_DTYPES
 from zerokv.tensorrt import build_network, decode_and_prefill_profiles, import_tensorrt
+from zerokv.tensorrt.converters import CONVERTERS, converts
 from zerokv.tensorrt.engine_runner import EngineRunner, EngineUnavailable
+from zerokv.tensorrt.network import torch_dtype, trt_dtype
 from zerokv.tensorrt.reference_evaluator import evaluate_network
 from zerokv.tensorrt.testing_models import TinyDecoder, arange_plus_offset, export_decoder
 
 trt = import_tensorrt()
+
+
+def test_a_converter_is_registered_once_and_only_through_converts():
+    add = torch.ops.aten.add.Tensor
+    with pytest.raises(TypeError):
+        CONVERTERS[add] = CONVERTERS[torch.ops.aten.sub.Tensor]
+    with pytest.raises(ValueError, match="two converters registered for aten.add.Tensor"):
+        converts(torch.ops.aten.erfinv.default, add)(lambda ctx, node: None)
+    assert torch.ops.aten.erfinv.default not in CONVERTERS
+
+
+def test_every_blob_dtype_has_its_tensorrt_type_and_back():
+    assert [trt_dtype(t) for t in (torch.bfloat16, torch.bool, torch.int64)] == [trt.bfloat16, trt.bool, trt.int64]
+    for torch_type in TORCH_DTYPES.values():
+        assert torch_dtype(trt_dtype(torch_type)) is torch_type
+    with pytest.raises(ValueError, match="torch.float64 has no TensorRT equivalent"):
+        trt_dtype(torch.float64)
 
 
 class Lambda(torch.nn.Module):

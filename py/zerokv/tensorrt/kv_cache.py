@@ -13,8 +13,17 @@ import dataclasses
 
 import torch
 
-from zerokv.kvwrite import ContiguousWrite, DeclinedWrite, KVWriteAnalysis, KVWriteOp
-from zerokv.tensorrt.network import Extent, NetworkContext, is_tensor
+from torch import fx
+
+from zerokv.kvwrite import (
+    ConstantLookup,
+    ContiguousWrite,
+    DeclinedWrite,
+    KVWriteAnalysis,
+    KVWriteOp,
+    analyze_kv_write,
+)
+from zerokv.tensorrt.network import ConversionError, Extent, NetworkContext, is_tensor
 
 KV_CACHE_UPDATE = "kv_cache_update"
 
@@ -41,6 +50,35 @@ class _Declined(Exception):
     """The KV-cache-update layer cannot express this write; the message says why."""
 
 
+def kv_write_alias_decline(write: fx.Node, constants: ConstantLookup) -> str | None:
+    """Why the lowering would write the cache of KV write `write` as a copy, or None where it
+    writes it in place, asked of the FX graph before lowering (what zerokv.executorch's export asks
+    before it drops the write-back).
+
+    The network's own checks come later and can still decline (a cache that is not a caller-owned
+    input, or not the value written back): pass the caches relied on as `promised_aliases` to make
+    that an error rather than a silent copy.
+    """
+    analysis = analyze_kv_write(write, constants=constants)
+    if isinstance(analysis, DeclinedWrite):
+        return analysis.reason
+    return _static_shape_problem(analysis.op)
+
+
+def _static_shape_problem(op: KVWriteOp) -> str | None:
+    """`_kv_cache_update`'s shape checks, asked of FX metadata ahead of time."""
+    cache, update = op.cache.meta["val"], op.update.meta["val"]
+    if cache.dim() != 4 or update.dim() != 4:
+        return f"cache and update of '{op.node.name}' must both be rank 4"
+    for axis in (0, 1, 2, 3):
+        if not isinstance(cache.shape[axis], int):
+            return f"cache '{op.cache.name}' has a dynamic extent on axis {axis}"
+    for axis in (0, 1, 3):
+        if update.shape[axis] != cache.shape[axis]:
+            return f"update of '{op.node.name}' disagrees with its cache on axis {axis}"
+    return None
+
+
 def convert_kv_write(
     ctx: NetworkContext,
     analysis: KVWriteAnalysis,
@@ -60,7 +98,7 @@ def convert_kv_write(
     op = analysis.op
     if op is None:
         # Not even decomposable into cache, update and positions: nothing we can write.
-        raise ValueError(f"KV write '{analysis.node.name}' cannot be lowered: {analysis.reason}")
+        raise ConversionError(analysis.node, f"the KV write cannot be lowered: {analysis.reason}")
     cache_name = op.cache.name
     if isinstance(analysis, ContiguousWrite):
         try:
@@ -148,7 +186,7 @@ def _scatter(ctx: NetworkContext, op: KVWriteOp):
         start: Extent = ctx.value(op.slice_start) if op.slice_start is not None else 0
         step = op.slice_step
         if not isinstance(step, int):
-            raise ValueError(f"KV write '{op.node.name}' slices with a non-static step")
+            raise ConversionError(op.node, "the KV write slices with a non-static step")
         update = ctx.broadcast_to(update, _slice_extents(ctx, cache, update, dim))
         positions = ctx.arange(ctx.extent(update, dim), start, step)
     index_extents: list[Extent] = [1] * rank

@@ -10,13 +10,15 @@ import torch
 
 from zerokv.tensorrt import (
     AliasingPromiseError,
+    ConversionError,
     DynamicDim,
     build_network,
     decode_and_prefill_profiles,
     import_tensorrt,
+    kv_write_alias_decline,
     lower_to_tensorrt,
-    predict_aliased_caches,
 )
+from zerokv.kvwrite import exported_program_constants, is_kv_write
 from zerokv.tensorrt.reference_evaluator import evaluate_network
 from zerokv.tensorrt.testing_models import (
     MAX_SEQ,
@@ -30,6 +32,15 @@ from zerokv.tensorrt.testing_models import (
 trt = import_tensorrt()
 CACHES = ("layer.k_cache", "layer.v_cache")
 ALIASED = {(f"{c}.updated", c, "kv_cache_update") for c in CACHES}
+
+
+def alias_declines(program):
+    """kv_write_alias_decline of each KV write of `program`, made functional as export makes it,
+    by the name of the placeholder it writes."""
+    program = program.run_decompositions({})
+    constants = exported_program_constants(program)
+    writes = [node for node in program.graph.nodes if is_kv_write(node)]
+    return {write.args[0].name: kv_write_alias_decline(write, constants) for write in writes}
 
 
 _LAYER_CLASSES = {
@@ -251,9 +262,8 @@ def test_one_engine_serves_decode_and_prefill_profiles():
 
 def test_promised_aliases_that_hold_are_accepted():
     program = export_decoder(TinyDecoder(arange_plus_offset), length=2, offset=torch.tensor([1]))
-    predicted = predict_aliased_caches(program)
-    assert predicted == {cache: None for cache in CACHES}
-    engine = lower_to_tensorrt(program, promised_aliases=list(predicted))
+    assert alias_declines(program) == {"b_layer_k_cache": None, "b_layer_v_cache": None}
+    engine = lower_to_tensorrt(program, promised_aliases=CACHES)
     assert {a.as_tuple() for a in engine.aliased_io} == ALIASED
 
 
@@ -334,7 +344,7 @@ def test_dynamic_batch_declines_the_layer_and_scatters():
         assert scatter.type == trt.LayerType.SCATTER and scatter.get_input(0).name == cache
     bindings = {b.name: b for b in built.io_bindings}
     assert bindings["k_cache"].role == "kv_cache" and bindings["k_cache"].shape[0] == DynamicDim(1, 4)
-    assert "dynamic extent on axis 0" in predict_aliased_caches(program)["k_cache"]
+    assert "dynamic extent on axis 0" in alias_declines(program)["k_cache"]
     with pytest.raises(AliasingPromiseError, match="cache 'v_cache' was promised.*batch is not static"):
         build_network(program, promised_aliases=["v_cache"])
     build_plan(built)
@@ -355,17 +365,25 @@ def test_a_cache_written_twice_scatters_both_writes():
     reasons = " | ".join(f.reason for f in built.fallbacks)
     assert "is not the value written back" in reasons and "not a caller-owned network input" in reasons
     assert built.aliased_io == ()
-    assert "not the value written back" in predict_aliased_caches(program)["layer.k_cache"]
     build_plan(built)
     run_steps_against_eager(
         TinyDecoder(positions, write=write_twice), built, [(torch.randint(0, 64, (1, 2)), torch.tensor([0]))]
     )
 
 
+def test_an_index_put_write_is_refused_naming_it():
+    def index_put(cache, positions, update, offset):
+        cache[:, :, positions] = update
+
+    program = export_decoder(TinyDecoder(arange_plus_offset, write=index_put), length=2, offset=torch.tensor([0]))
+    with pytest.raises(ConversionError, match=r"node 'index_put' .*: the KV write cannot be lowered: .*index tuple"):
+        build_network(program)
+
+
 def test_promised_alias_that_falls_back_fails_loudly():
     program = export_decoder(
         TinyDecoder(lambda length, offset: torch.tensor([5, 1, 9])), length=3, offset=torch.tensor([0])
     )
-    assert predict_aliased_caches(program)["layer.k_cache"] is not None
+    assert "not an ascending run" in alias_declines(program)["b_layer_k_cache"]
     with pytest.raises(AliasingPromiseError, match=r"cache 'layer.k_cache' was promised.*\(5, 1, 9\)"):
         build_network(program, promised_aliases=["layer.k_cache"])

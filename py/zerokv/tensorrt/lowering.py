@@ -20,7 +20,8 @@ import torch
 from torch import fx
 from torch.export.graph_signature import InputKind, OutputKind
 
-from zerokv.kvwrite import analyze_kv_write, exported_program_constants, is_kv_write
+from zerokv.errors import ZeroKVError
+from zerokv.kvwrite import analyze_kv_write, exported_program_constants, is_kv_write, op_overload
 from zerokv.kvwrite.folding import fold_constants as fold_graph_constants
 from zerokv.tensorrt import converters as _converters
 from zerokv.tensorrt.kv_cache import KV_CACHE_UPDATE, KVWriteOutcome, convert_kv_write
@@ -29,11 +30,11 @@ from zerokv.tensorrt.profiles import Profile, ProfileError, ResolvedProfile, res
 from zerokv.tensorrt.trt_module import flavor, import_tensorrt
 
 
-class AliasingPromiseError(RuntimeError):
+class AliasingPromiseError(ZeroKVError, RuntimeError):
     """A cache promised to be updated in place was not; its update would be lost."""
 
 
-class PlanBuildError(RuntimeError):
+class PlanBuildError(ZeroKVError, RuntimeError):
     """TensorRT refused to build the network; the message carries its errors."""
 
 
@@ -176,7 +177,7 @@ def build_network(
       profiles: optimization profiles (see profiles.py); none means one profile
         spanning the export's ranges when anything is dynamic.
       promised_aliases: buffer/input targets whose write-back a caller has already
-        dropped on the promise of an in-place update (see `predict_aliased_caches`).
+        dropped on the promise of an in-place update (see `kv_write_alias_decline`).
         If any of them is not aliased in the network, this raises
         AliasingPromiseError rather than returning an engine that loses its update.
       fold_constants: fold compile-time subgraphs (constructors included) first.
@@ -265,54 +266,6 @@ def build_network(
     )
 
 
-def predict_aliased_caches(program: torch.export.ExportedProgram) -> dict[str, str | None]:
-    """Which caller-owned caches the lowering will update in place, before lowering.
-
-    Returns target -> None where every write of that cache is provably contiguous,
-    or target -> the reason it is not. Shape checks the network makes later can
-    still decline; pass the targets you rely on as `promised_aliases` to turn that
-    into an error instead of a silent copy.
-    """
-    program = _functional(program)
-    signature = _Signature(program)
-    lookup = exported_program_constants(program)
-    written_back = _written_back_values(program.graph_module, signature)
-    verdicts: dict[str, str | None] = {target: None for target in signature.cache_targets.values()}
-    written: set[str] = set()
-    for node in program.graph.nodes:
-        if not is_kv_write(node):
-            continue
-        analysis = analyze_kv_write(node, constants=lookup)
-        if analysis.op is None:
-            continue
-        target = signature.cache_targets.get(analysis.op.cache.name)
-        if target is None:
-            continue
-        written.add(target)
-        reason = getattr(analysis, "reason", None) or _static_shape_problem(analysis.op)
-        if reason is None and node not in written_back:
-            reason = f"'{node.name}' is not the value written back (the cache is written more than once)"
-        if verdicts[target] is None:
-            verdicts[target] = reason
-    for target in set(verdicts) - written:
-        verdicts[target] = "no cache write the lowering recognises produces it"
-    return verdicts
-
-
-def _static_shape_problem(op) -> str | None:
-    """The converter's shape checks, asked of FX metadata ahead of time."""
-    cache, update = op.cache.meta["val"], op.update.meta["val"]
-    if cache.dim() != 4 or update.dim() != 4:
-        return f"cache and update of '{op.node.name}' must both be rank 4"
-    for axis in (0, 1, 2, 3):
-        if not isinstance(cache.shape[axis], int):
-            return f"cache '{op.cache.name}' has a dynamic extent on axis {axis}"
-    for axis in (0, 1, 3):
-        if update.shape[axis] != cache.shape[axis]:
-            return f"update of '{op.node.name}' disagrees with its cache on axis {axis}"
-    return None
-
-
 # ----- Internals -----------------------------------------------------------------
 
 
@@ -394,12 +347,7 @@ def _placeholder_value(ctx: NetworkContext, node: fx.Node, signature: _Signature
 
 
 def _convert(ctx: NetworkContext, node: fx.Node):
-    target = node.target
-    if not isinstance(target, torch._ops.OpOverload) and isinstance(
-        getattr(target, "_op", None), torch._ops.OpOverload
-    ):
-        target = target._op  # An ExecuTorch Edge op wraps its ATen overload.
-    converter = _converters.CONVERTERS.get(target)
+    converter = _converters.CONVERTERS.get(op_overload(node.target))
     if converter is None:
         raise ConversionError(node, "has no TensorRT converter")
     value = converter(ctx, node)
@@ -421,6 +369,12 @@ def _mark_outputs(ctx, graph_module, signature: _Signature, kv_outcomes):
     user_output_index = 0
     for spec, value in zip(signature.output_specs, values):
         ctx.current_node = value if isinstance(value, fx.Node) else None
+        if not isinstance(value, fx.Node) or not isinstance(value.meta.get("val"), torch.Tensor):
+            # The partitioner cut the graph where a size flows to a node the engine does not take
+            # (typically an op without a converter): a network output must be a tensor.
+            raise ConversionError(
+                ctx.current_node, f"output {value} is a symbolic size, not a tensor: a node outside the delegate "
+                "uses a size computed inside it (is an op it feeds missing a TensorRT converter?)")
         tensor = ctx.tensor(value)
         if spec.kind in (OutputKind.BUFFER_MUTATION, OutputKind.USER_INPUT_MUTATION):
             placeholder = _placeholder_of(signature, spec)

@@ -14,10 +14,12 @@ import numpy as np
 import torch
 from torch import fx
 
+from zerokv.blob.torch_dtypes import BLOB_DTYPES, TORCH_DTYPES, type_name
+from zerokv.errors import ZeroKVError
 from zerokv.tensorrt.trt_module import import_tensorrt
 
 
-class ConversionError(ValueError):
+class ConversionError(ZeroKVError, ValueError):
     """An FX node could not be expressed in the TensorRT network; the message names it."""
 
     def __init__(self, node: fx.Node | None, message: str):
@@ -29,30 +31,19 @@ class ConversionError(ValueError):
 # A dimension extent: static, or a [1]-shaped int64 shape tensor.
 Extent = Union[int, Any]
 
-_TORCH_TO_TRT = {
-    torch.float32: "float32",
-    torch.float16: "float16",
-    torch.bfloat16: "bfloat16",
-    torch.int32: "int32",
-    torch.int64: "int64",
-    torch.int8: "int8",
-    torch.uint8: "uint8",
-    torch.bool: "bool",
-}
-
-
 def trt_dtype(dtype: torch.dtype):
-    trt = import_tensorrt()
+    """TensorRT's type for a torch dtype the blob carries (the types a network binds or holds)."""
     try:
-        return getattr(trt, _TORCH_TO_TRT[dtype])
+        name = type_name(BLOB_DTYPES[dtype])
     except KeyError:
         raise ValueError(f"dtype {dtype} has no TensorRT equivalent") from None
+    return getattr(import_tensorrt(), name)
 
 
 def torch_dtype(dtype) -> torch.dtype:
     trt = import_tensorrt()
-    for torch_type, name in _TORCH_TO_TRT.items():
-        if getattr(trt, name) == dtype:
+    for blob_dtype, torch_type in TORCH_DTYPES.items():
+        if getattr(trt, type_name(blob_dtype)) == dtype:
             return torch_type
     raise ValueError(f"TensorRT dtype {dtype} has no torch equivalent")
 

@@ -14,8 +14,10 @@ from collections.abc import Mapping, Sequence
 import sympy
 import torch
 
+from zerokv.errors import ZeroKVError
 
-class ProfileError(ValueError):
+
+class ProfileError(ZeroKVError, ValueError):
     """A profile does not fit the exported program; the message names the input or symbol."""
 
 

@@ -1,11 +1,12 @@
-// The CUDA check of runtime-owned KV caches, run on the GPU machine by gpu_check.sh: an AOTInductor
-// attention step whose BF16 K and V caches the runtime owns (tools/gpu/make_runtime_kv_blob.py),
-// through ExecuTorch's BackendInterface, the storage in CUDA memory.
+// The CUDA check of runtime-owned KV caches (gpu_runtime_kv_check_test, tagged gpu): an AOTInductor
+// attention step whose BF16 K and V caches the runtime owns (make_runtime_kv_blob.py), through
+// ExecuTorch's BackendInterface, the storage in CUDA memory.
 //
 //   gpu_runtime_kv_check DIR caller-stream|own-stream
 //
 // Two delegates of the one blob share the cache by storage key, as a program's prefill and decode
-// methods do: "prefill" writes PREFILL tokens, "decode" then DECODE single tokens, far past the
+// methods do (both at home in the implicit sequence); every decode step's caller position is wrong
+// on purpose, the runtime supplying the positions: "prefill" writes PREFILL tokens, "decode" then DECODE single tokens, far past the
 // initial capacity (4 growths, 4 -> 64). With own-stream each delegate runs on its own
 // non-blocking stream, so only the cache's event orders the decode's growth copies after the
 // prefill's writes; with caller-stream both run on one non-blocking caller stream. Every execute is
@@ -21,6 +22,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -33,7 +35,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 
@@ -51,7 +53,6 @@ using ET = executorch::runtime::etensor::DeviceType;
 // As in make_runtime_kv_blob.py.
 constexpr int kHeads = 2, kHeadDim = 16, kPrefill = 3, kDecode = 40, kMaxCapacity = 64;
 constexpr int kMaxWidth = 8;  // the blob's bound on a step's tokens (x and the output, dim 2)
-constexpr const char* kStorageKey = "gpu_check/layers.0";
 
 #define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
 
@@ -151,7 +152,8 @@ int main(int argc, char** argv) {
     const size_t out_elements = static_cast<size_t>(kHeads) * kMaxWidth * kHeadDim;
     CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&step.out), out_elements * 2));
     CUDA_OK(cudaMemset(step.out, 0xff, out_elements * 2));  // NaN until written
-    const int64_t where = step.position;
+    // The runtime supplies every step's position; the caller's is wrong on purpose.
+    const int64_t where = i == 0 ? 0 : 2;
     CUDA_OK(cudaMalloc(reinterpret_cast<void**>(&step.position_data), sizeof(int64_t)));
     CUDA_OK(cudaMemcpy(step.position_data, &where, sizeof(int64_t), cudaMemcpyHostToDevice));
     const std::vector<int32_t> shape = {1, kHeads, step.width, kHeadDim};
@@ -169,7 +171,8 @@ int main(int argc, char** argv) {
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     CHECK(Execute(backend, prefill, steps[0]) == Error::Ok, "prefill");
     for (size_t i = 1; i < steps.size(); ++i) {
       CHECK(Execute(backend, decode, steps[i]) == Error::Ok, "decode step %zu", i);
@@ -181,7 +184,10 @@ int main(int argc, char** argv) {
   }
 
   ZeroKVCacheMetrics metrics{};
-  CHECK(zerokv_kv_metrics(kStorageKey, &metrics) == 0, "no cache named %s", kStorageKey);
+  // Both delegates were loaded without a sequence: at home in the implicit one.
+  ZeroKVSequence* sequence = zerokv_kv_implicit_sequence();
+  CHECK(sequence != nullptr && zerokv_kv_sequence_metrics(sequence, &metrics) == 1,
+        "expected one cache in the implicit sequence");
   const uint64_t tokens = kPrefill + kDecode;
   const uint64_t position_bytes = 2ull * kHeads * kHeadDim * 2;  // K and V, BF16
   CHECK(metrics.length == tokens, "length %llu", static_cast<unsigned long long>(metrics.length));
@@ -201,23 +207,25 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(metrics.bytes_in_use));
 
   // Reset, then the prefill again: the same output as on fresh storage (zeroed on the stream).
-  CHECK(zerokv_kv_reset(kStorageKey) == 0, "reset");
+  CHECK(zerokv_kv_sequence_reset(sequence) == 0, "reset");
   CUDA_OK(cudaMemset(steps[0].out, 0xff, steps[0].elements() * 2));
   CHECK(steps[0].out_tensor->tensor().size(2) == kPrefill, "output not resized to the step");
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     CHECK(Execute(backend, prefill, steps[0]) == Error::Ok, "prefill after reset");
   }
   CUDA_OK(cudaDeviceSynchronize());
   CheckOutput(steps[0], expected.data(), "prefill after reset");
-  CHECK(zerokv_kv_metrics(kStorageKey, &metrics) == 0 && metrics.length == kPrefill &&
+  CHECK(zerokv_kv_sequence_metrics(sequence, &metrics) == 1 && metrics.length == kPrefill &&
             metrics.capacity == kMaxCapacity,
         "after reset: length %llu capacity %llu", static_cast<unsigned long long>(metrics.length),
         static_cast<unsigned long long>(metrics.capacity));
 
+  zerokv_kv_sequence_release(sequence);
   backend->destroy(prefill);
   backend->destroy(decode);
-  CHECK(zerokv_kv_metrics(kStorageKey, &metrics) == -1, "cache outlived its delegates");
+  CHECK(zerokv_kv_implicit_sequence() == nullptr, "cache outlived its delegates");
   CUDA_OK(cudaStreamDestroy(stream));
   for (Step& step : steps) {
     for (void* p : {static_cast<void*>(step.x), static_cast<void*>(step.out),

@@ -1,4 +1,4 @@
-"""Exports the programs of tools/gpu/kv_decode_gpu.cc, on the GPU machine (torch with CUDA, the
+"""Exports the programs of kv_decode_gpu.cc, on the GPU machine (torch with CUDA, the
 executorch wheel; no ExecuTorch Python runtime needed), and measures eager PyTorch there.
 
     kv_decode_gpu_export.py DIR --device=cuda [--contexts 256,1024,4096,8192]
@@ -23,10 +23,8 @@ import time
 
 import torch
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
-
-from examples.kv_program import export_program  # noqa: E402
-from examples.llama_decoder import Config, LlamaDecoder  # noqa: E402
+from examples.kv_program import export_program
+from examples.llama_decoder import Config, LlamaDecoder
 
 CHECK_CONFIG = Config()
 CHECK_PROMPT, CHECK_STEPS, CHECK_MAX_CAPACITY, CHECK_INITIAL_CAPACITY = 16, 48, 256, 16
@@ -85,7 +83,7 @@ def export_check(directory, device):
 
 def export_bench(directory, context, zero_copy, device):
     import zerokv.executorch as zx
-    from zerokv.executorch.zero_copy import delegate_nodes
+    from zerokv.executorch.delegates import delegate_nodes
 
     model = LlamaDecoder(BENCH_CONFIG, max_seq=context).eval()
     with torch.no_grad():

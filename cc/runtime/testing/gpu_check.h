@@ -1,5 +1,6 @@
-// How the GPU checks (tools/gpu/*.cc) report: CHECK counts a failure and carries on, so that one run
-// on the scarce GPU machine reports every failure; main returns non-zero when `failures` is.
+// How the GPU checks (gpu_check_test in gpu_check.bzl) report: CHECK counts a failure and carries
+// on, so that one run on the scarce GPU machine reports every failure; main returns non-zero when
+// `failures` is.
 #pragma once
 
 #include <cstdio>

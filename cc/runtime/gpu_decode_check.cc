@@ -1,4 +1,4 @@
-// The CUDA end-to-end check of the zerokv runtime, run on the GPU machine by gpu_check.sh: a CUDA
+// The CUDA end-to-end check of the zerokv runtime (gpu_decode_check_test, tagged gpu): a CUDA
 // AOTInductor decode step (py/zerokv/aoti/make_decode_blob.py --device cuda) through ExecuTorch's
 // BackendInterface, the cache in cudaMalloc'd memory tagged DeviceType::CUDA.
 //
@@ -10,12 +10,16 @@
 // cudaStreamNonBlocking stream under a CallerStreamGuard and nothing synchronizes between them:
 // the execute returns with the work in flight, and the check reads results only after
 // synchronizing that stream, so a missing dependency shows up as wrong bytes or a sanitizer report.
+// With own-stream no guard is set: a consumer that is not ours (a plain copy on another
+// non-blocking stream) reads each output as soon as execute returns, which is right only because
+// the delegate finishes its own stream before returning.
 #include <cuda_runtime_api.h>
 
 #include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -26,7 +30,7 @@
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 
@@ -99,22 +103,41 @@ int main(int argc, char** argv) {
 
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // own-stream: a consumer that is not ours reads each output the moment execute returns (a plain
+  // copy on another non-blocking stream, as another backend or the reader of a device-resident
+  // method output would): only the delegate finishing its own stream before returning orders it.
+  cudaStream_t consumer = nullptr;
+  CUDA_OK(cudaStreamCreateWithFlags(&consumer, cudaStreamNonBlocking));
+  std::vector<float> consumed1(8, -2.0f), consumed2(8, -2.0f);
+  auto consume = [&](const float* output, std::vector<float>& host) {
+    CUDA_OK(cudaMemcpyAsync(host.data(), output, host.size() * sizeof(float), cudaMemcpyDeviceToHost, consumer));
+    CUDA_OK(cudaStreamSynchronize(consumer));
+  };
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     BackendExecutionContext context;
     EValue* step1[] = {x_1.value(), pos_1.value(), cache.value(), att_1.value()};
     EValue* step2[] = {x_2.value(), pos_2.value(), cache.value(), att_2.value()};
     CHECK(backend->execute(context, *handle, Span<EValue*>(step1, 4)) == Error::Ok, "step 1");
+    if (!caller_stream) consume(attention1, consumed1);
     CHECK(delegate->bound_address("k_cache_out") == cache_data, "step 1 not bound to the cache");
     CHECK(backend->execute(context, *handle, Span<EValue*>(step2, 4)) == Error::Ok, "step 2");
+    if (!caller_stream) consume(attention2, consumed2);
     CHECK(delegate->bound_address("k_cache_out") == cache_data, "step 2 not bound to the cache");
   }
   if (caller_stream) {
     CUDA_OK(cudaStreamSynchronize(stream));
   } else {
-    // The delegate's own stream is non-blocking: destroy drains its in-flight event.
     backend->destroy(*handle);
+    for (int i = 0; i < 8; ++i) {
+      CHECK(consumed1[i] == 3.0f, "a consumer not ordered by us read step 1 attention[%d] = %f, want 3", i,
+            consumed1[i]);
+      CHECK(consumed2[i] == 3.5f, "a consumer not ordered by us read step 2 attention[%d] = %f, want 3.5", i,
+            consumed2[i]);
+    }
   }
+  CUDA_OK(cudaStreamDestroy(consumer));
 
   std::vector<float> first = HostCopyOf(attention1, 8);
   std::vector<float> second = HostCopyOf(attention2, 8);

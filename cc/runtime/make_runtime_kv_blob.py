@@ -1,10 +1,11 @@
-"""Writes the runtime-owned KV check's inputs (gpu_runtime_kv_check.cc), for the GPU machine:
+"""Writes the runtime-owned KV check's inputs (gpu_runtime_kv_check.cc), on the GPU machine:
 
     make_runtime_kv_blob.py OUT_DIR [--device cuda|cpu]
 
 OUT_DIR/runtime_kv.blob  an AOTInductor attention step whose BF16 K and V caches are runtime-owned
                          (KV manifest: flat, initial capacity INITIAL_CAPACITY, max MAX_CAPACITY,
-                         storage key STORAGE_KEY; step width: dim 2 of x, argument input 0)
+                         storage key STORAGE_KEY; step width: dim 2 of x, argument input 0;
+                         the runtime fills `position` with each step's first position)
 OUT_DIR/x.bin            every step's x, BF16, [1, HEADS, steps, HEAD_DIM], concatenated: a prefill
                          of PREFILL tokens, then DECODE single-token steps
 OUT_DIR/expected.bin     every step's output from eager torch over full-size caches, same layout
@@ -61,13 +62,13 @@ def main():
     names = [binding.name for binding in build.bindings]
     assert names[:4] == ["x", "position", "k_cache", "v_cache"], names
     layer = blob.KVLayer("k_cache", "v_cache", STORAGE_KEY, blob.DType.BFLOAT16, HEADS, HEAD_DIM,
-                         blob.KVPolicy.FLAT, 0, INITIAL_CAPACITY, MAX_CAPACITY)
+                         blob.KVPolicy.FLAT, 0, INITIAL_CAPACITY, MAX_CAPACITY, "")
     data = blob.serialize(blob.Blob(
         engine_kind=blob.EngineKind.AOTI,
         device_id=0,
         aliased_outputs_elided=False,
         metadata=blob.Metadata(bindings=build.bindings, aliased_io=build.aliased_io, kv_layers=[layer],
-                               step_width_source="0:2"),
+                               step_width_source="0:2", positions_binding="position"),
         payload=build.payload,
     ))
     os.makedirs(args.out_dir, exist_ok=True)

@@ -1,6 +1,6 @@
 // The example's programs on a CUDA GPU through ExecuTorch's Module API, zerokv's backend and its CUDA
-// DeviceAllocator (tools/gpu/kv_decode_gpu.sh builds and runs it; kv_decode_gpu_export.py writes the
-// programs).
+// DeviceAllocator (kv_decode_gpu_test, tagged gpu, runs the check; kv_decode_gpu_bench the bench;
+// kv_decode_gpu_export.py writes the programs).
 //
 //   kv_decode_gpu check DIR own-stream|caller-stream [STEPS]
 //     DIR/kv_decode.pte's prefill, then each decode step, against eager's logits (DIR/reference.bin)
@@ -26,6 +26,7 @@
 #include <cstring>
 #include <fstream>
 #include <iterator>
+#include <optional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -43,7 +44,7 @@
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
-#include "tools/gpu/check.h"
+#include "cc/runtime/testing/gpu_check.h"
 
 namespace {
 
@@ -143,7 +144,8 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   ZeroKVCacheMetrics metrics{};
   std::vector<double> growing_steps, plain_steps;  // decode step times (ms), with and without a growth
   {
-    zerokv::runtime::CallerStreamGuard guard(caller_stream ? stream : nullptr);
+    std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
+    if (caller_stream) guard.emplace(stream);
     auto logits = Step(module, "prefill", std::vector<int64_t>(tokens.begin(), tokens.begin() + prompt), 0);
     Compare(logits, reference.data(), vocab, "prefill", 0, &min_cosine, &max_error);
     for (int64_t step = 0; step < steps; ++step) {
@@ -153,8 +155,10 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
       logits = Step(module, "decode", {tokens[position]}, position);
       const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
       Compare(logits, reference.data() + position * vocab, vocab, "decode", position, &min_cosine, &max_error);
-      CHECK(zerokv_kv_metrics_sum("", &metrics) == layers, "expected %lld runtime-owned caches",
-            static_cast<long long>(layers));
+      ZeroKVSequence* caches = zerokv_kv_implicit_sequence();  // the one Module's, loaded without one
+      CHECK(caches != nullptr && zerokv_kv_sequence_metrics(caches, &metrics) == layers,
+            "expected %lld runtime-owned caches", static_cast<long long>(layers));
+      zerokv_kv_sequence_release(caches);
       CHECK(metrics.length == uint64_t((position + 1) * layers), "decode at %lld: %llu positions committed",
             static_cast<long long>(position), static_cast<unsigned long long>(metrics.length / layers));
       (metrics.growths > growths_before ? growing_steps : plain_steps).push_back(elapsed);
