@@ -359,4 +359,22 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   return std::nullopt;
 }
 
+size_t ElementSize(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kInt32:
+      return 4;
+    case DType::kFloat16:
+    case DType::kBfloat16:
+      return 2;
+    case DType::kInt64:
+      return 8;
+    case DType::kInt8:
+    case DType::kUint8:
+    case DType::kBool:
+      return 1;
+  }
+  return 0;
+}
+
 }  // namespace zerokv::blob

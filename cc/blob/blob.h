@@ -42,6 +42,9 @@ struct DelegateSignature {
   size_t arity() const { return inputs.size() + outputs.size(); }
 };
 
+// Size in bytes of one element of `dtype`: the one table of it in C++.
+size_t ElementSize(DType dtype);
+
 DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided);
 
 // metadata.step_width_source: the delegate's argument input `input_index` (an index into

@@ -15,6 +15,10 @@
 
 namespace zerokv::runtime {
 
+using base::InvalidArgument;
+using base::InvalidProgram;
+using base::InvalidState;
+
 using executorch::aten::ScalarType;
 using executorch::aten::SizesType;
 using executorch::aten::Tensor;
@@ -131,7 +135,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   for (const blob::IOBinding& spec : metadata.bindings) {
     Binding binding;
     binding.spec = spec;
-    binding.max_bytes = engines::ElementSize(spec.dtype);
+    binding.max_bytes = blob::ElementSize(spec.dtype);
     for (const blob::Dim& dim : spec.shape) binding.max_bytes *= static_cast<size_t>(dim.max);
     created->bindings_.push_back(std::move(binding));
   }
@@ -191,7 +195,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
     }
   }
 
-  if (created->engine_->compute_device() == engines::ComputeDevice::kCuda) {
+  if (created->engine_->compute_device() == base::ComputeDevice::kCuda) {
     ZEROKV_RETURN_IF_ERROR(created->ops_->CreateStream(&created->own_stream_));
     ZEROKV_RETURN_IF_ERROR(created->ops_->CreateEvent(&created->done_event_));
   }
@@ -347,7 +351,7 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
         std::to_string(args.size()) +
         ": the program and the blob disagree on the delegate's signature");
   }
-  const bool cuda_engine = engine_->compute_device() == engines::ComputeDevice::kCuda;
+  const bool cuda_engine = engine_->compute_device() == base::ComputeDevice::kCuda;
   plan->tensors.assign(bindings_.size(), nullptr);
   plan->staged.assign(bindings_.size(), false);
   for (size_t i = 0; i < bindings_.size(); ++i) {
@@ -513,7 +517,7 @@ Status Delegate::BeginStep(Plan* plan) {
 Status Delegate::FillPositions(size_t index, const Plan& plan, StreamHandle stream) {
   Binding& binding = bindings_[index];
   const auto elements = static_cast<size_t>(plan.tensors[index]->numel());
-  const size_t element_size = engines::ElementSize(binding.spec.dtype);
+  const size_t element_size = blob::ElementSize(binding.spec.dtype);
   binding.fill.resize(elements * element_size);
   const uint64_t modulo = *binding.positions_modulo;
   for (size_t i = 0; i < elements; ++i) {
@@ -616,7 +620,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
     // A staged output, or a non-elided aliased output that ExecuTorch planned apart from its
     // input: the engine's result is at binding.bound and the caller reads the argument.
     const bool to_host = tensor.device_type() != DeviceType::CUDA &&
-                         engine_->compute_device() == engines::ComputeDevice::kCuda;
+                         engine_->compute_device() == base::ComputeDevice::kCuda;
     ZEROKV_RETURN_IF_ERROR(ops_->Copy(tensor.mutable_data_ptr(), binding.bound, tensor.nbytes(),
                                       to_host ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice,
                                       stream));

@@ -59,7 +59,7 @@
 #include "cc/kvcache/kv_cache.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/device_ops.h"
-#include "cc/runtime/status.h"
+#include "cc/base/status.h"
 
 namespace zerokv::runtime {
 

@@ -15,12 +15,14 @@
 #include "cc/engines/testing/test_engine.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/caller_stream.h"
-#include "cc/runtime/testing/counting_device_ops.h"
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
 #include "cc/runtime/testing/runtime_kv_model.h"
 
 namespace zerokv::runtime {
 namespace {
+
+using base::Internal;
 
 using blob::AliasedIO;
 using blob::AliasKind;
@@ -29,13 +31,13 @@ using blob::Dim;
 using blob::Direction;
 using blob::DType;
 using blob::IOBinding;
-using engines::ComputeDevice;
+using base::ComputeDevice;
 using engines::TestEngine;
 using executorch::aten::ScalarType;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 using executorch::runtime::Span;
-using testing::CountingDeviceOps;
+using base::testing::CountingDeviceOps;
 using testing::EngineBindingsOf;
 using testing::OwnedTensor;
 using testing::RuntimeKvBlob;

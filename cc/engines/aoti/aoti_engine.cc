@@ -21,8 +21,8 @@
 namespace zerokv::engines {
 namespace {
 
-using runtime::Internal;
-using runtime::InvalidProgram;
+using base::Internal;
+using base::InvalidProgram;
 
 std::vector<std::string> Split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -123,7 +123,7 @@ class AotiEngine final : public Engine {
     }
 #else
     if (device_ == ComputeDevice::kCuda) {
-      return runtime::NotSupported(
+      return base::NotSupported(
           "the AOTInductor package was compiled for CUDA, but this engine was built without CUDA");
     }
 #endif
@@ -143,7 +143,7 @@ class AotiEngine final : public Engine {
   Status SetInputShape(const std::string& name, const std::vector<int64_t>& shape) override {
     Slot* slot = Find(name);
     if (slot == nullptr || slot->direction != blob::Direction::kInput) {
-      return runtime::InvalidArgument("the AOTInductor engine has no input '" + name + "'");
+      return base::InvalidArgument("the AOTInductor engine has no input '" + name + "'");
     }
     slot->shape = shape;
     return Status::Ok();
@@ -152,7 +152,7 @@ class AotiEngine final : public Engine {
   Status SetAddress(const std::string& name, void* data, size_t capacity) override {
     Slot* slot = Find(name);
     if (slot == nullptr) {
-      return runtime::InvalidArgument("the AOTInductor engine has no binding '" + name + "'");
+      return base::InvalidArgument("the AOTInductor engine has no binding '" + name + "'");
     }
     slot->data = data;
     slot->capacity = capacity;
@@ -201,7 +201,7 @@ class AotiEngine final : public Engine {
         return Status::Ok();
       }
     }
-    return runtime::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
+    return base::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
   }
 
  private:
