@@ -50,15 +50,6 @@ using executorch::extension::Module;
 using executorch::runtime::EValue;
 using Clock = std::chrono::steady_clock;
 
-#define CUDA_OK(call)                                                                   \
-  do {                                                                                  \
-    cudaError_t error_ = (call);                                                        \
-    if (error_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
 template <typename T>
 std::vector<T> ReadFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
