@@ -31,25 +31,9 @@ namespace {
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
 std::optional<ScalarType> ToScalarType(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-      return ScalarType::Float;
-    case blob::DType::kFloat16:
-      return ScalarType::Half;
-    case blob::DType::kBfloat16:
-      return ScalarType::BFloat16;
-    case blob::DType::kInt32:
-      return ScalarType::Int;
-    case blob::DType::kInt64:
-      return ScalarType::Long;
-    case blob::DType::kInt8:
-      return ScalarType::Char;
-    case blob::DType::kUint8:
-      return ScalarType::Byte;
-    case blob::DType::kBool:
-      return ScalarType::Bool;
-  }
-  return std::nullopt;
+  std::optional<int8_t> code = blob::ScalarTypeCode(dtype);
+  if (!code) return std::nullopt;
+  return static_cast<ScalarType>(*code);
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {

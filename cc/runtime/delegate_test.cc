@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <gtest/gtest.h>
 
 #include "cc/engines/testing/test_engine.h"
@@ -122,6 +123,25 @@ class DelegateTest : public ::testing::Test {
   std::unique_ptr<Delegate> delegate_;
   std::vector<float> device_cache_ = std::vector<float>(kCacheFloats, 0.0f);
 };
+
+// blob's one dtype table names, for every blob dtype, the ExecuTorch ScalarType of that size and kind.
+TEST(DTypeTableTest, EveryBlobDTypeIsTheExecuTorchScalarTypeOfItsSize) {
+  const std::map<DType, std::string> expected = {
+      {DType::kFloat32, "Float"}, {DType::kFloat16, "Half"},  {DType::kBfloat16, "BFloat16"},
+      {DType::kInt32, "Int"},     {DType::kInt64, "Long"},    {DType::kInt8, "Char"},
+      {DType::kUint8, "Byte"},    {DType::kBool, "Bool"},
+  };
+  for (int value = 0; value < 256; ++value) {
+    const DType dtype = static_cast<DType>(value);
+    if (!blob::IsValid(dtype)) continue;
+    SCOPED_TRACE(blob::ToString(dtype));
+    std::optional<int8_t> code = blob::ScalarTypeCode(dtype);
+    ASSERT_TRUE(code.has_value());
+    const auto scalar_type = static_cast<executorch::aten::ScalarType>(*code);
+    EXPECT_EQ(executorch::runtime::toString(scalar_type), expected.at(dtype));
+    EXPECT_EQ(executorch::runtime::elementSize(scalar_type), blob::ElementSize(dtype));
+  }
+}
 
 TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   CreateOrDie(DecodeBlob(/*elided=*/true), ComputeDevice::kCuda);

@@ -45,26 +45,9 @@ bool ParseDType(const std::string& name, blob::DType* dtype) {
   return false;
 }
 
+// A parsed blob's dtypes are all valid (blob::Parse), so every one has a code.
 at::ScalarType ToTorch(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-      return at::kFloat;
-    case blob::DType::kFloat16:
-      return at::kHalf;
-    case blob::DType::kBfloat16:
-      return at::kBFloat16;
-    case blob::DType::kInt32:
-      return at::kInt;
-    case blob::DType::kInt64:
-      return at::kLong;
-    case blob::DType::kInt8:
-      return at::kChar;
-    case blob::DType::kUint8:
-      return at::kByte;
-    case blob::DType::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
+  return static_cast<at::ScalarType>(*blob::ScalarTypeCode(dtype));
 }
 
 // Writes the payload where AOTIModelPackageLoader can open it (it takes a path) and removes it
