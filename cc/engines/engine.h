@@ -26,10 +26,9 @@
 #include <string>
 #include <vector>
 
-#include "cc/blob/blob.h"
-#include "cc/base/device_ops.h"
 #include "cc/base/device_ops.h"
 #include "cc/base/status.h"
+#include "cc/blob/blob.h"
 
 namespace zerokv::engines {
 

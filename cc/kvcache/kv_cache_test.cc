@@ -8,9 +8,9 @@
 
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/kvcache/c_api.h"
 #include "cc/kvcache/sequence.h"
-#include "cc/base/testing/counting_device_ops.h"
 
 namespace zerokv::kvcache {
 namespace {

@@ -13,8 +13,8 @@
 
 namespace zerokv::runtime {
 namespace {
-using base::InvalidProgram;
 
+using base::InvalidProgram;
 
 using executorch::runtime::ArrayRef;
 using executorch::runtime::BackendExecutionContext;

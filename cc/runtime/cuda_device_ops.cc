@@ -8,8 +8,8 @@
 
 namespace zerokv::runtime {
 namespace {
-using base::Internal;
 
+using base::Internal;
 
 Status CudaError(cudaError_t error, const char* what) {
   return Internal(std::string(what) + " failed: " + cudaGetErrorName(error) + " (" +

@@ -13,10 +13,10 @@
 #include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/engines/testing/test_engine.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/caller_stream.h"
-#include "cc/base/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
 #include "cc/runtime/testing/runtime_kv_model.h"
 

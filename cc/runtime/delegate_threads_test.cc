@@ -11,9 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/delegate.h"
-#include "cc/base/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
 #include "cc/runtime/testing/runtime_kv_model.h"
 

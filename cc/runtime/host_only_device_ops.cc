@@ -4,7 +4,6 @@
 namespace zerokv::runtime {
 using base::NotSupported;
 
-
 Status MakeDeviceOps(base::ComputeDevice device, int, std::unique_ptr<DeviceOps>* ops) {
   if (device != base::ComputeDevice::kHost) {
     return NotSupported(
