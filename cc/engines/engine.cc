@@ -20,29 +20,11 @@ bool RegisterEngineFactory(blob::EngineKind kind, EngineFactory factory) {
 Status CreateEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine) {
   auto factory = Factories().find(blob.engine_kind);
   if (factory == Factories().end()) {
-    return runtime::NotSupported(std::string("the blob's engine kind ") +
+    return base::NotSupported(std::string("the blob's engine kind ") +
                                  blob::ToString(blob.engine_kind) +
                                  " is not linked into this runtime (its engine library is absent)");
   }
   return factory->second(blob, engine);
-}
-
-size_t ElementSize(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-    case blob::DType::kInt32:
-      return 4;
-    case blob::DType::kFloat16:
-    case blob::DType::kBfloat16:
-      return 2;
-    case blob::DType::kInt64:
-      return 8;
-    case blob::DType::kInt8:
-    case blob::DType::kUint8:
-    case blob::DType::kBool:
-      return 1;
-  }
-  return 0;
 }
 
 }  // namespace zerokv::engines

@@ -26,19 +26,15 @@
 #include <string>
 #include <vector>
 
+#include "cc/base/device_ops.h"
+#include "cc/base/status.h"
 #include "cc/blob/blob.h"
-#include "cc/runtime/status.h"
 
 namespace zerokv::engines {
 
-using runtime::Status;
-
-// A CUDA stream (cudaStream_t) as an opaque handle, so that engine code without CUDA can name it.
-// nullptr on a host engine.
-using StreamHandle = void*;
-
-// Where an engine computes, which decides how the runtime stages, copies and synchronizes.
-enum class ComputeDevice { kHost, kCuda };
+using base::ComputeDevice;
+using base::Status;
+using base::StreamHandle;
 
 struct EngineBinding {
   std::string name;
@@ -82,8 +78,5 @@ bool RegisterEngineFactory(blob::EngineKind kind, EngineFactory factory);
 
 // Creates the engine for blob.engine_kind, or says that no engine of that kind is linked in.
 Status CreateEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine);
-
-// Size in bytes of one element of `dtype`.
-size_t ElementSize(blob::DType dtype);
 
 }  // namespace zerokv::engines
