@@ -359,46 +359,27 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   return std::nullopt;
 }
 
-namespace {
-
-struct DTypeTraits {
-  size_t element_size;
-  int8_t scalar_type;  // c10's ScalarType numbering
-};
-
-std::optional<DTypeTraits> Traits(DType dtype) {
+std::optional<int8_t> ScalarTypeCode(DType dtype) {
+  // c10's ScalarType numbering (ExecuTorch's ScalarType uses the same).
   switch (dtype) {
     case DType::kFloat32:
-      return DTypeTraits{4, 6};
+      return 6;
     case DType::kFloat16:
-      return DTypeTraits{2, 5};
+      return 5;
     case DType::kBfloat16:
-      return DTypeTraits{2, 15};
+      return 15;
     case DType::kInt32:
-      return DTypeTraits{4, 3};
+      return 3;
     case DType::kInt64:
-      return DTypeTraits{8, 4};
+      return 4;
     case DType::kInt8:
-      return DTypeTraits{1, 1};
+      return 1;
     case DType::kUint8:
-      return DTypeTraits{1, 0};
+      return 0;
     case DType::kBool:
-      return DTypeTraits{1, 11};
+      return 11;
   }
   return std::nullopt;
-}
-
-}  // namespace
-
-size_t ElementSize(DType dtype) {
-  std::optional<DTypeTraits> traits = Traits(dtype);
-  return traits ? traits->element_size : 0;
-}
-
-std::optional<int8_t> ScalarTypeCode(DType dtype) {
-  std::optional<DTypeTraits> traits = Traits(dtype);
-  if (!traits) return std::nullopt;
-  return traits->scalar_type;
 }
 
 }  // namespace zerokv::blob

@@ -42,11 +42,9 @@ struct DelegateSignature {
   size_t arity() const { return inputs.size() + outputs.size(); }
 };
 
-// The one dtype table of the C++ side: size in bytes of one element of `dtype` (0 if not a DType)
-// ...
-size_t ElementSize(DType dtype);
-// ... and its PyTorch ScalarType code, which c10::ScalarType and ExecuTorch's ScalarType share
-// (static_cast to either); nullopt if `dtype` is not a DType.
+// The PyTorch ScalarType code of `dtype`, which c10::ScalarType and ExecuTorch's ScalarType share
+// (static_cast to either); nullopt if `dtype` is not a DType. Sizes are the schema's
+// (ElementBytes, generated into blob_format.h).
 std::optional<int8_t> ScalarTypeCode(DType dtype);
 
 DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided);

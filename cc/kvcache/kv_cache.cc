@@ -103,11 +103,11 @@ KVCache::~KVCache() {
 
 size_t KVCache::position_bytes() const {
   return static_cast<size_t>(config_.batch * config_.heads * config_.head_dim) *
-         blob::ElementSize(config_.dtype);
+         blob::ElementBytes(config_.dtype);
 }
 
 size_t KVCache::row_bytes(uint64_t capacity) const {
-  return static_cast<size_t>(capacity * config_.head_dim) * blob::ElementSize(config_.dtype);
+  return static_cast<size_t>(capacity * config_.head_dim) * blob::ElementBytes(config_.dtype);
 }
 
 Status KVCache::BeginStep(uint64_t step, uint64_t* position) {

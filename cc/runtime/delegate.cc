@@ -119,7 +119,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   for (const blob::IOBinding& spec : metadata.bindings) {
     Binding binding;
     binding.spec = spec;
-    binding.max_bytes = blob::ElementSize(spec.dtype);
+    binding.max_bytes = blob::ElementBytes(spec.dtype);
     for (const blob::Dim& dim : spec.shape) binding.max_bytes *= static_cast<size_t>(dim.max);
     created->bindings_.push_back(std::move(binding));
   }
@@ -501,7 +501,7 @@ Status Delegate::BeginStep(Plan* plan) {
 Status Delegate::FillPositions(size_t index, const Plan& plan, StreamHandle stream) {
   Binding& binding = bindings_[index];
   const auto elements = static_cast<size_t>(plan.tensors[index]->numel());
-  const size_t element_size = blob::ElementSize(binding.spec.dtype);
+  const size_t element_size = blob::ElementBytes(binding.spec.dtype);
   binding.fill.resize(elements * element_size);
   const uint64_t modulo = *binding.positions_modulo;
   for (size_t i = 0; i < elements; ++i) {

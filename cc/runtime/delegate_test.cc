@@ -139,7 +139,7 @@ TEST(DTypeTableTest, EveryBlobDTypeIsTheExecuTorchScalarTypeOfItsSize) {
     ASSERT_TRUE(code.has_value());
     const auto scalar_type = static_cast<executorch::aten::ScalarType>(*code);
     EXPECT_EQ(executorch::runtime::toString(scalar_type), expected.at(dtype));
-    EXPECT_EQ(executorch::runtime::elementSize(scalar_type), blob::ElementSize(dtype));
+    EXPECT_EQ(executorch::runtime::elementSize(scalar_type), blob::ElementBytes(dtype));
   }
 }
 

@@ -373,7 +373,7 @@ class TensorRtEngine final : public Engine {
       }
       if (binding.direction != blob::Direction::kOutput) continue;
       const std::vector<int64_t> shape = ToShape(context_->getTensorShape(binding.name.c_str()));
-      ZEROKV_RETURN_IF_ERROR(CheckOutputFits(binding.name, shape, blob::ElementSize(binding.dtype),
+      ZEROKV_RETURN_IF_ERROR(CheckOutputFits(binding.name, shape, blob::ElementBytes(binding.dtype),
                                              pending.address->second));
     }
     return Status::Ok();

@@ -188,7 +188,7 @@ class BareEngine {
     CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (const auto& binding : blob_.metadata.bindings) {
       std::vector<int64_t> shape;
-      size_t bytes = zerokv::blob::ElementSize(binding.dtype);
+      size_t bytes = zerokv::blob::ElementBytes(binding.dtype);
       for (const auto& dim : binding.shape) {
         shape.push_back(dim.max);
         bytes *= dim.max;
