@@ -404,4 +404,27 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   return std::nullopt;
 }
 
+std::optional<int8_t> ScalarTypeCode(DType dtype) {
+  // c10's ScalarType numbering (ExecuTorch's ScalarType uses the same).
+  switch (dtype) {
+    case DType::kFloat32:
+      return 6;
+    case DType::kFloat16:
+      return 5;
+    case DType::kBfloat16:
+      return 15;
+    case DType::kInt32:
+      return 3;
+    case DType::kInt64:
+      return 4;
+    case DType::kInt8:
+      return 1;
+    case DType::kUint8:
+      return 0;
+    case DType::kBool:
+      return 11;
+  }
+  return std::nullopt;
+}
+
 }  // namespace zerokv::blob

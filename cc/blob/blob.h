@@ -46,6 +46,11 @@ struct DelegateSignature {
   size_t arity() const { return inputs.size() + outputs.size(); }
 };
 
+// The PyTorch ScalarType code of `dtype`, which c10::ScalarType and ExecuTorch's ScalarType share
+// (static_cast to either); nullopt if `dtype` is not a DType. Sizes are the schema's
+// (ElementBytes, generated into blob_format.h).
+std::optional<int8_t> ScalarTypeCode(DType dtype);
+
 DelegateSignature ComputeDelegateSignature(const Metadata& metadata, bool aliased_outputs_elided);
 
 // metadata.step_width_source: the delegate's argument input `input_index` (an index into

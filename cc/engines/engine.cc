@@ -21,7 +21,7 @@ bool RegisterEngineFactory(blob::EngineKind kind, EngineFactory factory) {
 Status CreateEngine(const blob::Blob& blob, const NamedDataMap* named_data, std::unique_ptr<Engine>* engine) {
   auto factory = Factories().find(blob.engine_kind);
   if (factory == Factories().end()) {
-    return runtime::NotSupported(std::string("the blob's engine kind ") +
+    return base::NotSupported(std::string("the blob's engine kind ") +
                                  blob::ToString(blob.engine_kind) +
                                  " is not linked into this runtime (its engine library is absent)");
   }
@@ -31,36 +31,18 @@ Status CreateEngine(const blob::Blob& blob, const NamedDataMap* named_data, std:
 Status GetNamedData(const NamedDataMap* named_data, const std::string& key, const std::string& what,
                     std::optional<FreeableBuffer>* data) {
   if (named_data == nullptr) {
-    return runtime::InvalidProgram(what + " is named data entry '" + key +
+    return base::InvalidProgram(what + " is named data entry '" + key +
                                    "', but the program has no named data: load the .ptd written "
                                    "beside the .pte with it");
   }
   executorch::runtime::Result<FreeableBuffer> found = named_data->get_data(key);
   if (!found.ok()) {
-    return runtime::InvalidProgram(what + " is named data entry '" + key +
+    return base::InvalidProgram(what + " is named data entry '" + key +
                                    "', which the program's named data does not hold: is the .ptd "
                                    "loaded with the .pte the one saved with it?");
   }
   data->emplace(std::move(found.get()));
   return Status::Ok();
-}
-
-size_t ElementSize(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-    case blob::DType::kInt32:
-      return 4;
-    case blob::DType::kFloat16:
-    case blob::DType::kBfloat16:
-      return 2;
-    case blob::DType::kInt64:
-      return 8;
-    case blob::DType::kInt8:
-    case blob::DType::kUint8:
-    case blob::DType::kBool:
-      return 1;
-  }
-  return 0;
 }
 
 }  // namespace zerokv::engines

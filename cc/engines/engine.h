@@ -31,21 +31,17 @@
 #include <executorch/runtime/core/freeable_buffer.h>
 #include <executorch/runtime/core/named_data_map.h>
 
+#include "cc/base/device_ops.h"
+#include "cc/base/status.h"
 #include "cc/blob/blob.h"
-#include "cc/runtime/status.h"
 
 namespace zerokv::engines {
 
+using base::ComputeDevice;
+using base::Status;
+using base::StreamHandle;
 using executorch::runtime::FreeableBuffer;
 using executorch::runtime::NamedDataMap;
-using runtime::Status;
-
-// A CUDA stream (cudaStream_t) as an opaque handle, so that engine code without CUDA can name it.
-// nullptr on a host engine.
-using StreamHandle = void*;
-
-// Where an engine computes, which decides how the runtime stages, copies and synchronizes.
-enum class ComputeDevice { kHost, kCuda };
 
 struct EngineBinding {
   std::string name;
@@ -96,8 +92,5 @@ Status CreateEngine(const blob::Blob& blob, const NamedDataMap* named_data, std:
 // out (mapped, with ExecuTorch's mmap data loader), or an error saying that it is missing.
 Status GetNamedData(const NamedDataMap* named_data, const std::string& key, const std::string& what,
                     std::optional<FreeableBuffer>* data);
-
-// Size in bytes of one element of `dtype`.
-size_t ElementSize(blob::DType dtype);
 
 }  // namespace zerokv::engines

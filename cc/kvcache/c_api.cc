@@ -45,7 +45,7 @@ extern "C" int zerokv_kv_sequence_metrics(const ZeroKVSequence* sequence, ZeroKV
 
 extern "C" int zerokv_kv_sequence_reset(ZeroKVSequence* sequence) {
   if (sequence == nullptr) return -1;
-  zerokv::runtime::Status status = sequence->sequence->Reset();
+  zerokv::base::Status status = sequence->sequence->Reset();
   if (status.ok()) return 0;
   ET_LOG(Error, "zerokv_kv_sequence_reset: %s", status.message().c_str());
   return -1;

@@ -6,9 +6,9 @@
 
 namespace zerokv::kvcache {
 
-using runtime::CopyKind;
-using runtime::InvalidArgument;
-using runtime::InvalidProgram;
+using base::CopyKind;
+using base::InvalidArgument;
+using base::InvalidProgram;
 
 bool KVCacheConfig::operator==(const KVCacheConfig& other) const {
   return dtype == other.dtype && batch == other.batch && heads == other.heads &&
@@ -23,7 +23,7 @@ std::string KVCacheConfig::ToString() const {
          (policy == blob::KVPolicy::kRing ? "ring window " + std::to_string(window)
                                           : std::string("flat")) +
          " capacity " + std::to_string(initial_capacity) + ".." + std::to_string(max_capacity) +
-         " on " + (device == engines::ComputeDevice::kCuda ? "cuda:" + std::to_string(device_id)
+         " on " + (device == base::ComputeDevice::kCuda ? "cuda:" + std::to_string(device_id)
                                                            : std::string("host"));
 }
 
@@ -103,17 +103,17 @@ KVCache::~KVCache() {
 
 size_t KVCache::position_bytes() const {
   return static_cast<size_t>(config_.batch * config_.heads * config_.head_dim) *
-         engines::ElementSize(config_.dtype);
+         blob::ElementBytes(config_.dtype);
 }
 
 size_t KVCache::row_bytes(uint64_t capacity) const {
-  return static_cast<size_t>(capacity * config_.head_dim) * engines::ElementSize(config_.dtype);
+  return static_cast<size_t>(capacity * config_.head_dim) * blob::ElementBytes(config_.dtype);
 }
 
 Status KVCache::BeginStep(uint64_t step, uint64_t* position) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (held_) {
-    return runtime::InvalidState(
+    return base::InvalidState(
         "another step or a reset of this KV cache is in flight: steps of one sequence must not "
         "overlap");
   }
@@ -127,7 +127,7 @@ Status KVCache::BeginStep(uint64_t step, uint64_t* position) {
 
 Status KVCache::Prepare(StreamHandle stream) {
   std::lock_guard<std::mutex> lock(mutex_);
-  if (!held_) return runtime::Internal("KVCache::Prepare without BeginStep");
+  if (!held_) return base::Internal("KVCache::Prepare without BeginStep");
   uint64_t planned = 0;
   ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, length_, held_step_, &planned));
   if (used_) ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, last_use_));
@@ -206,7 +206,7 @@ void KVCache::EndStep(bool commit) {
 Status KVCache::BeginReset() {
   std::lock_guard<std::mutex> lock(mutex_);
   if (held_) {
-    return runtime::InvalidState("a step or another reset of this KV cache is in flight");
+    return base::InvalidState("a step or another reset of this KV cache is in flight");
   }
   held_ = true;
   return Status::Ok();

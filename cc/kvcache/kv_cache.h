@@ -42,17 +42,16 @@
 #include <string>
 #include <vector>
 
+#include "cc/base/device_ops.h"
+#include "cc/base/status.h"
 #include "cc/blob/blob.h"
-#include "cc/engines/engine.h"
-#include "cc/runtime/device_ops.h"
-#include "cc/runtime/status.h"
 
 namespace zerokv::kvcache {
 
-using runtime::DeviceOps;
-using runtime::EventHandle;
-using runtime::Status;
-using runtime::StreamHandle;
+using base::DeviceOps;
+using base::EventHandle;
+using base::Status;
+using base::StreamHandle;
 
 struct KVCacheConfig {
   blob::DType dtype = blob::DType::kBfloat16;
@@ -64,7 +63,7 @@ struct KVCacheConfig {
   uint64_t initial_capacity = 0;  // flat only: positions allocated by the first step (at least)
   uint64_t max_capacity = 0;      // flat only: positions a step may never exceed
   // Where the storage lives; caches shared by several delegates must agree on it.
-  engines::ComputeDevice device = engines::ComputeDevice::kHost;
+  base::ComputeDevice device = base::ComputeDevice::kHost;
   int device_id = 0;
 
   bool operator==(const KVCacheConfig& other) const;

@@ -8,16 +8,16 @@
 
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/kvcache/c_api.h"
 #include "cc/kvcache/sequence.h"
-#include "cc/runtime/testing/counting_device_ops.h"
 
 namespace zerokv::kvcache {
 namespace {
 
 using executorch::runtime::Error;
-using runtime::CopyKind;
-using runtime::testing::CountingDeviceOps;
+using base::CopyKind;
+using base::testing::CountingDeviceOps;
 
 KVCacheConfig Flat(uint64_t initial, uint64_t max) {
   KVCacheConfig config;

@@ -44,7 +44,7 @@ Status Sequence::Acquire(const std::string& storage_key, const KVCacheConfig& co
   auto found = caches_.find(storage_key);
   if (found != caches_.end()) {
     if (found->second->config() != config) {
-      return runtime::InvalidProgram("KV storage '" + storage_key + "' is already held as " +
+      return base::InvalidProgram("KV storage '" + storage_key + "' is already held as " +
                                      found->second->config().ToString() +
                                      ", but this delegate needs " + config.ToString());
     }
@@ -68,7 +68,7 @@ std::shared_ptr<KVCache> Sequence::Find(const std::string& storage_key) const {
 Status Sequence::Claim(const std::string& method, const std::string& storage_key) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (implicit_ && claims_.count({method, storage_key}) != 0) {
-    return runtime::InvalidState(
+    return base::InvalidState(
         "a loaded '" + method + "' delegate already uses KV storage '" + storage_key +
         "' without a sequence of its own: this is a second loaded instance of the program, and "
         "it would write the first one's caches. Load each instance under a sequence of its own "

@@ -14,6 +14,8 @@
 namespace zerokv::runtime {
 namespace {
 
+using base::InvalidProgram;
+
 using executorch::runtime::ArrayRef;
 using executorch::runtime::BackendExecutionContext;
 using executorch::runtime::BackendInitContext;

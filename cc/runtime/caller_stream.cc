@@ -4,13 +4,13 @@ namespace zerokv::runtime {
 namespace {
 
 // Defined once, in this file, so that every delegate linked with it reads the same variable.
-thread_local std::optional<engines::StreamHandle> caller_stream;
+thread_local std::optional<base::StreamHandle> caller_stream;
 
 }  // namespace
 
-std::optional<engines::StreamHandle> CurrentCallerStream() { return caller_stream; }
+std::optional<base::StreamHandle> CurrentCallerStream() { return caller_stream; }
 
-CallerStreamGuard::CallerStreamGuard(engines::StreamHandle stream) : previous_(caller_stream) {
+CallerStreamGuard::CallerStreamGuard(base::StreamHandle stream) : previous_(caller_stream) {
   caller_stream = stream;
 }
 

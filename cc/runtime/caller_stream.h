@@ -16,24 +16,24 @@
 
 #include <optional>
 
-#include "cc/engines/engine.h"
+#include "cc/base/device_ops.h"
 
 namespace zerokv::runtime {
 
 // The stream installed by the innermost live CallerStreamGuard on this thread (nullptr: the legacy
 // default stream), or nullopt when no guard is live.
-std::optional<engines::StreamHandle> CurrentCallerStream();
+std::optional<base::StreamHandle> CurrentCallerStream();
 
 class CallerStreamGuard {
  public:
-  explicit CallerStreamGuard(engines::StreamHandle stream);
+  explicit CallerStreamGuard(base::StreamHandle stream);
   ~CallerStreamGuard();
 
   CallerStreamGuard(const CallerStreamGuard&) = delete;
   CallerStreamGuard& operator=(const CallerStreamGuard&) = delete;
 
  private:
-  std::optional<engines::StreamHandle> previous_;
+  std::optional<base::StreamHandle> previous_;
 };
 
 }  // namespace zerokv::runtime

@@ -9,6 +9,8 @@
 namespace zerokv::runtime {
 namespace {
 
+using base::Internal;
+
 Status CudaError(cudaError_t error, const char* what) {
   return Internal(std::string(what) + " failed: " + cudaGetErrorName(error) + " (" +
                   cudaGetErrorString(error) + ")");
@@ -149,9 +151,9 @@ class CudaDeviceOps final : public DeviceOps {
 
 }  // namespace
 
-Status MakeDeviceOps(engines::ComputeDevice device, int device_id,
+Status MakeDeviceOps(base::ComputeDevice device, int device_id,
                      std::unique_ptr<DeviceOps>* ops) {
-  if (device == engines::ComputeDevice::kHost) {
+  if (device == base::ComputeDevice::kHost) {
     *ops = std::make_unique<HostDeviceOps>();
   } else {
     *ops = std::make_unique<CudaDeviceOps>(device_id);

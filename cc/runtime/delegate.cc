@@ -15,6 +15,10 @@
 
 namespace zerokv::runtime {
 
+using base::InvalidArgument;
+using base::InvalidProgram;
+using base::InvalidState;
+
 using executorch::aten::ScalarType;
 using executorch::aten::SizesType;
 using executorch::aten::Tensor;
@@ -27,25 +31,9 @@ namespace {
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
 std::optional<ScalarType> ToScalarType(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-      return ScalarType::Float;
-    case blob::DType::kFloat16:
-      return ScalarType::Half;
-    case blob::DType::kBfloat16:
-      return ScalarType::BFloat16;
-    case blob::DType::kInt32:
-      return ScalarType::Int;
-    case blob::DType::kInt64:
-      return ScalarType::Long;
-    case blob::DType::kInt8:
-      return ScalarType::Char;
-    case blob::DType::kUint8:
-      return ScalarType::Byte;
-    case blob::DType::kBool:
-      return ScalarType::Bool;
-  }
-  return std::nullopt;
+  std::optional<int8_t> code = blob::ScalarTypeCode(dtype);
+  if (!code) return std::nullopt;
+  return static_cast<ScalarType>(*code);
 }
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
@@ -131,7 +119,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
   for (const blob::IOBinding& spec : metadata.bindings) {
     Binding binding;
     binding.spec = spec;
-    binding.max_bytes = engines::ElementSize(spec.dtype);
+    binding.max_bytes = blob::ElementBytes(spec.dtype);
     for (const blob::Dim& dim : spec.shape) {
       size_t bytes = 0;
       if (!binding.max_bytes || dim.max < 0 ||
@@ -199,7 +187,7 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
     }
   }
 
-  if (created->engine_->compute_device() == engines::ComputeDevice::kCuda) {
+  if (created->engine_->compute_device() == base::ComputeDevice::kCuda) {
     ZEROKV_RETURN_IF_ERROR(created->ops_->CreateStream(&created->own_stream_));
     ZEROKV_RETURN_IF_ERROR(created->ops_->CreateEvent(&created->done_event_));
   }
@@ -361,7 +349,7 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
         std::to_string(args.size()) +
         ": the program and the blob disagree on the delegate's signature");
   }
-  const bool cuda_engine = engine_->compute_device() == engines::ComputeDevice::kCuda;
+  const bool cuda_engine = engine_->compute_device() == base::ComputeDevice::kCuda;
   plan->tensors.assign(bindings_.size(), nullptr);
   plan->staged.assign(bindings_.size(), false);
   for (size_t i = 0; i < bindings_.size(); ++i) {
@@ -527,7 +515,7 @@ Status Delegate::BeginStep(Plan* plan) {
 Status Delegate::FillPositions(size_t index, const Plan& plan, StreamHandle stream) {
   Binding& binding = bindings_[index];
   const auto elements = static_cast<size_t>(plan.tensors[index]->numel());
-  const size_t element_size = engines::ElementSize(binding.spec.dtype);
+  const size_t element_size = blob::ElementBytes(binding.spec.dtype);
   binding.fill.resize(elements * element_size);
   const uint64_t modulo = *binding.positions_modulo;
   for (size_t i = 0; i < elements; ++i) {
@@ -630,7 +618,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
     // A staged output, or a non-elided aliased output that ExecuTorch planned apart from its
     // input: the engine's result is at binding.bound and the caller reads the argument.
     const bool to_host = tensor.device_type() != DeviceType::CUDA &&
-                         engine_->compute_device() == engines::ComputeDevice::kCuda;
+                         engine_->compute_device() == base::ComputeDevice::kCuda;
     ZEROKV_RETURN_IF_ERROR(ops_->Copy(tensor.mutable_data_ptr(), binding.bound, tensor.nbytes(),
                                       to_host ? CopyKind::kDeviceToHost : CopyKind::kDeviceToDevice,
                                       stream));

@@ -54,12 +54,12 @@
 #include <executorch/runtime/core/evalue.h>
 #include <executorch/runtime/core/span.h>
 
+#include "cc/base/status.h"
 #include "cc/blob/blob.h"
 #include "cc/engines/engine.h"
 #include "cc/kvcache/kv_cache.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/device_ops.h"
-#include "cc/runtime/status.h"
 
 namespace zerokv::runtime {
 

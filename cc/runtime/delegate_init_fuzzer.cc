@@ -15,10 +15,10 @@
 
 #include <fuzzer/FuzzedDataProvider.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/blob/blob.h"
 #include "cc/engines/testing/test_engine.h"
 #include "cc/runtime/delegate.h"
-#include "cc/runtime/testing/counting_device_ops.h"
 
 namespace {
 
@@ -89,12 +89,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   const ComputeDevice device = perturb.ConsumeBool() ? ComputeDevice::kCuda : ComputeDevice::kHost;
 
-  zerokv::runtime::testing::CountingDeviceOps::Record record;
+  zerokv::base::testing::CountingDeviceOps::Record record;
   record.capacity = 64 << 20;  // a small device: a blob's largest shapes may be any size
   std::unique_ptr<zerokv::runtime::Delegate> delegate;
-  const zerokv::runtime::Status status = zerokv::runtime::Delegate::Create(
+  const zerokv::base::Status status = zerokv::runtime::Delegate::Create(
       blob, std::make_unique<zerokv::engines::TestEngine>(bindings, aliases, device),
-      std::make_unique<zerokv::runtime::testing::CountingDeviceOps>(&record), "forward", &delegate);
+      std::make_unique<zerokv::base::testing::CountingDeviceOps>(&record), "forward", &delegate);
   if (!status.ok()) {
     if (status.message().empty() || delegate) std::abort();  // a refusal says why, and creates nothing
     return 0;

@@ -10,17 +10,20 @@
 #include <string>
 #include <vector>
 
+#include <executorch/runtime/core/exec_aten/util/scalar_type_util.h>
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/engines/testing/test_engine.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/caller_stream.h"
-#include "cc/runtime/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
 #include "cc/runtime/testing/runtime_kv_model.h"
 
 namespace zerokv::runtime {
 namespace {
+
+using base::Internal;
 
 using blob::AliasedIO;
 using blob::AliasKind;
@@ -29,13 +32,13 @@ using blob::Dim;
 using blob::Direction;
 using blob::DType;
 using blob::IOBinding;
-using engines::ComputeDevice;
+using base::ComputeDevice;
 using engines::TestEngine;
 using executorch::aten::ScalarType;
 using executorch::runtime::Error;
 using executorch::runtime::EValue;
 using executorch::runtime::Span;
-using testing::CountingDeviceOps;
+using base::testing::CountingDeviceOps;
 using testing::EngineBindingsOf;
 using testing::OwnedTensor;
 using testing::RuntimeKvBlob;
@@ -120,6 +123,25 @@ class DelegateTest : public ::testing::Test {
   std::unique_ptr<Delegate> delegate_;
   std::vector<float> device_cache_ = std::vector<float>(kCacheFloats, 0.0f);
 };
+
+// blob's one dtype table names, for every blob dtype, the ExecuTorch ScalarType of that size and kind.
+TEST(DTypeTableTest, EveryBlobDTypeIsTheExecuTorchScalarTypeOfItsSize) {
+  const std::map<DType, std::string> expected = {
+      {DType::kFloat32, "Float"}, {DType::kFloat16, "Half"},  {DType::kBfloat16, "BFloat16"},
+      {DType::kInt32, "Int"},     {DType::kInt64, "Long"},    {DType::kInt8, "Char"},
+      {DType::kUint8, "Byte"},    {DType::kBool, "Bool"},
+  };
+  for (int value = 0; value < 256; ++value) {
+    const DType dtype = static_cast<DType>(value);
+    if (!blob::IsValid(dtype)) continue;
+    SCOPED_TRACE(blob::ToString(dtype));
+    std::optional<int8_t> code = blob::ScalarTypeCode(dtype);
+    ASSERT_TRUE(code.has_value());
+    const auto scalar_type = static_cast<executorch::aten::ScalarType>(*code);
+    EXPECT_EQ(executorch::runtime::toString(scalar_type), expected.at(dtype));
+    EXPECT_EQ(executorch::runtime::elementSize(scalar_type), blob::ElementBytes(dtype));
+  }
+}
 
 TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
   CreateOrDie(DecodeBlob(/*elided=*/true), ComputeDevice::kCuda);

@@ -11,9 +11,9 @@
 
 #include <gtest/gtest.h>
 
+#include "cc/base/testing/counting_device_ops.h"
 #include "cc/kvcache/sequence.h"
 #include "cc/runtime/delegate.h"
-#include "cc/runtime/testing/counting_device_ops.h"
 #include "cc/runtime/testing/et_tensor.h"
 #include "cc/runtime/testing/runtime_kv_model.h"
 
@@ -26,7 +26,7 @@ using executorch::runtime::EValue;
 using executorch::runtime::Span;
 using kvcache::Sequence;
 using kvcache::SequenceGuard;
-using testing::CountingDeviceOps;
+using base::testing::CountingDeviceOps;
 using testing::OwnedTensor;
 using testing::RuntimeKvBlob;
 using testing::RuntimeKvEngine;

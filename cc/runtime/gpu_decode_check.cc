@@ -47,8 +47,6 @@ using ET = executorch::runtime::etensor::DeviceType;
 constexpr int kPositions = 8;
 constexpr int kCacheFloats = 2 * kPositions * 4;
 
-#define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
-
 template <typename T>
 T* DeviceCopyOf(const std::vector<T>& host) {
   T* device = nullptr;

@@ -54,8 +54,6 @@ using ET = executorch::runtime::etensor::DeviceType;
 constexpr int kHeads = 2, kHeadDim = 16, kPrefill = 3, kDecode = 40, kMaxCapacity = 64;
 constexpr int kMaxWidth = 8;  // the blob's bound on a step's tokens (x and the output, dim 2)
 
-#define CUDA_OK(call) CHECK((call) == cudaSuccess, "%s: %s", #call, cudaGetErrorString(cudaGetLastError()))
-
 std::vector<uint16_t> ReadBf16(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
   std::vector<char> bytes((std::istreambuf_iterator<char>(file)), {});

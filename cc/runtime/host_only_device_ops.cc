@@ -2,9 +2,10 @@
 #include "cc/runtime/device_ops.h"
 
 namespace zerokv::runtime {
+using base::NotSupported;
 
-Status MakeDeviceOps(engines::ComputeDevice device, int, std::unique_ptr<DeviceOps>* ops) {
-  if (device != engines::ComputeDevice::kHost) {
+Status MakeDeviceOps(base::ComputeDevice device, int, std::unique_ptr<DeviceOps>* ops) {
+  if (device != base::ComputeDevice::kHost) {
     return NotSupported(
         "the engine computes on CUDA, but this runtime was built without a CUDA toolkit");
   }

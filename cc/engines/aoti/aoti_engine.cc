@@ -25,8 +25,8 @@
 namespace zerokv::engines {
 namespace {
 
-using runtime::Internal;
-using runtime::InvalidProgram;
+using base::Internal;
+using base::InvalidProgram;
 
 std::vector<std::string> Split(const std::string& text, char separator) {
   std::vector<std::string> parts;
@@ -49,26 +49,9 @@ bool ParseDType(const std::string& name, blob::DType* dtype) {
   return false;
 }
 
+// A parsed blob's dtypes are all valid (blob::Parse), so every one has a code.
 at::ScalarType ToTorch(blob::DType dtype) {
-  switch (dtype) {
-    case blob::DType::kFloat32:
-      return at::kFloat;
-    case blob::DType::kFloat16:
-      return at::kHalf;
-    case blob::DType::kBfloat16:
-      return at::kBFloat16;
-    case blob::DType::kInt32:
-      return at::kInt;
-    case blob::DType::kInt64:
-      return at::kLong;
-    case blob::DType::kInt8:
-      return at::kChar;
-    case blob::DType::kUint8:
-      return at::kByte;
-    case blob::DType::kBool:
-      return at::kBool;
-  }
-  return at::kFloat;
+  return static_cast<at::ScalarType>(*blob::ScalarTypeCode(dtype));
 }
 
 // Writes the payload (kernel code) where AOTIModelPackageLoader can open it (it takes a path) and
@@ -190,7 +173,7 @@ class AotiEngine final : public Engine {
     }
 #else
     if (device_ == ComputeDevice::kCuda) {
-      return runtime::NotSupported(
+      return base::NotSupported(
           "the AOTInductor package was compiled for CUDA, but this engine was built without CUDA");
     }
 #endif
@@ -210,7 +193,7 @@ class AotiEngine final : public Engine {
   Status SetInputShape(const std::string& name, const std::vector<int64_t>& shape) override {
     Slot* slot = Find(name);
     if (slot == nullptr || slot->direction != blob::Direction::kInput) {
-      return runtime::InvalidArgument("the AOTInductor engine has no input '" + name + "'");
+      return base::InvalidArgument("the AOTInductor engine has no input '" + name + "'");
     }
     slot->shape = shape;
     return Status::Ok();
@@ -219,7 +202,7 @@ class AotiEngine final : public Engine {
   Status SetAddress(const std::string& name, void* data, size_t capacity) override {
     Slot* slot = Find(name);
     if (slot == nullptr) {
-      return runtime::InvalidArgument("the AOTInductor engine has no binding '" + name + "'");
+      return base::InvalidArgument("the AOTInductor engine has no binding '" + name + "'");
     }
     slot->data = data;
     slot->capacity = capacity;
@@ -266,7 +249,7 @@ class AotiEngine final : public Engine {
         return Status::Ok();
       }
     }
-    return runtime::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
+    return base::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
   }
 
  private:

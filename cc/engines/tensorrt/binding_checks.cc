@@ -7,7 +7,7 @@
 namespace zerokv::engines::tensorrt {
 namespace {
 
-using runtime::InvalidArgument;
+using base::InvalidArgument;
 
 std::string ShapeString(const std::vector<int64_t>& shape) {
   std::ostringstream out;

@@ -15,11 +15,11 @@
 #include <string>
 #include <vector>
 
-#include "cc/runtime/status.h"
+#include "cc/base/status.h"
 
 namespace zerokv::engines::tensorrt {
 
-using runtime::Status;
+using base::Status;
 
 // TensorRT reads and writes an I/O tensor only at an address aligned to 256 bytes
 // (IExecutionContext::setTensorAddress).

@@ -26,9 +26,9 @@
 namespace zerokv::engines {
 namespace {
 
-using runtime::Internal;
-using runtime::InvalidArgument;
-using runtime::InvalidProgram;
+using base::Internal;
+using base::InvalidArgument;
+using base::InvalidProgram;
 using tensorrt::CheckAddressAlignment;
 using tensorrt::CheckOutputFits;
 using tensorrt::ProfileRanges;
@@ -385,7 +385,7 @@ class TensorRtEngine final : public Engine {
       }
       if (binding.direction != blob::Direction::kOutput) continue;
       const std::vector<int64_t> shape = ToShape(context_->getTensorShape(binding.name.c_str()));
-      ZEROKV_RETURN_IF_ERROR(CheckOutputFits(binding.name, shape, ElementSize(binding.dtype),
+      ZEROKV_RETURN_IF_ERROR(CheckOutputFits(binding.name, shape, blob::ElementBytes(binding.dtype),
                                              pending.address->second));
     }
     return Status::Ok();

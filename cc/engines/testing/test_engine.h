@@ -51,7 +51,7 @@ class TestEngine final : public Engine {
   Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
     auto found = output_shapes.find(name);
     if (found == output_shapes.end()) {
-      return runtime::Internal("test engine: no shape set for output '" + name + "'");
+      return base::Internal("test engine: no shape set for output '" + name + "'");
     }
     *shape = found->second;
     return Status::Ok();

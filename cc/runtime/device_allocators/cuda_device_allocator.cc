@@ -30,7 +30,7 @@ using executorch::runtime::Error;
 using executorch::runtime::Result;
 using executorch::runtime::etensor::DeviceIndex;
 using executorch::runtime::etensor::DeviceType;
-using engines::StreamHandle;
+using base::StreamHandle;
 
 Error Failed(cudaError_t error, const char* what, size_t nbytes) {
   ET_LOG(Error, "zerokv CUDA allocator: %s of %zu bytes failed: %s", what, nbytes, cudaGetErrorString(error));

@@ -53,15 +53,6 @@ using executorch::extension::Module;
 using executorch::runtime::EValue;
 using Clock = std::chrono::steady_clock;
 
-#define CUDA_OK(call)                                                                   \
-  do {                                                                                  \
-    cudaError_t error_ = (call);                                                        \
-    if (error_ != cudaSuccess) {                                                        \
-      std::fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(error_)); \
-      std::exit(1);                                                                     \
-    }                                                                                   \
-  } while (0)
-
 template <typename T>
 std::vector<T> ReadFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -214,7 +205,7 @@ class BareEngine {
     CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
     for (const auto& binding : blob_.metadata.bindings) {
       std::vector<int64_t> shape;
-      size_t bytes = zerokv::engines::ElementSize(binding.dtype);
+      size_t bytes = zerokv::blob::ElementBytes(binding.dtype);
       for (const auto& dim : binding.shape) {
         shape.push_back(dim.max);
         bytes *= dim.max;
@@ -232,7 +223,7 @@ class BareEngine {
       }
       address_[binding.name] = data;
       Require(binding.direction == zerokv::blob::Direction::kInput ? engine_->SetInputShape(binding.name, shape)
-                                                                   : zerokv::runtime::Status::Ok(), binding.name);
+                                                                   : zerokv::base::Status::Ok(), binding.name);
       Require(engine_->SetAddress(binding.name, data, bytes), binding.name);
     }
   }
@@ -246,7 +237,7 @@ class BareEngine {
   }
 
  private:
-  static void Require(const zerokv::runtime::Status& status, const std::string& what) {
+  static void Require(const zerokv::base::Status& status, const std::string& what) {
     if (!status.ok()) {
       std::fprintf(stderr, "bare engine: %s: %s\n", what.c_str(), status.message().c_str());
       std::exit(1);

@@ -13,6 +13,8 @@
 
 namespace zerokv::runtime::testing {
 
+using base::Internal;
+
 using blob::AliasedIO;
 using blob::AliasKind;
 using blob::Device;
@@ -20,7 +22,7 @@ using blob::Dim;
 using blob::Direction;
 using blob::DType;
 using blob::IOBinding;
-using engines::ComputeDevice;
+using base::ComputeDevice;
 using engines::TestEngine;
 
 // The engine bindings a blob records (name, direction, dtype).

@@ -37,7 +37,6 @@ DIM_ORDER_OPS = {
 
 ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
 
-
 _aten = torch.ops.aten
 # The Edge dialect spells views as copies; engines take the views (they never alias a view's input).
 _VIEW_OF_COPY = {
@@ -66,6 +65,7 @@ def aten_target(node: fx.Node):
 # Ops every engine takes whole: the KV write the engines alias, and attention (whose decomposition
 # would scatter the attention of a decoder layer over several partitions).
 PRESERVED_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.scaled_dot_product_attention.default)
+
 
 def value_readers(node: fx.Node):
     """The users of `node` that read its contents (not only its shape, which a write never changes)."""

@@ -13,9 +13,9 @@
 #include <string>
 #include <vector>
 
-#include "cc/runtime/device_ops.h"
+#include "cc/base/device_ops.h"
 
-namespace zerokv::runtime::testing {
+namespace zerokv::base::testing {
 
 class CountingDeviceOps final : public DeviceOps {
  public:
@@ -152,4 +152,4 @@ class CountingDeviceOps final : public DeviceOps {
   int event_ = 0;
 };
 
-}  // namespace zerokv::runtime::testing
+}  // namespace zerokv::base::testing

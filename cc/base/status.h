@@ -12,7 +12,7 @@
 
 #include <executorch/runtime/core/error.h>
 
-namespace zerokv::runtime {
+namespace zerokv::base {
 
 class [[nodiscard]] Status {
  public:
@@ -47,11 +47,11 @@ inline Status NotSupported(std::string message) {
   return Status(executorch::runtime::Error::NotSupported, std::move(message));
 }
 
-}  // namespace zerokv::runtime
+}  // namespace zerokv::base
 
 // Returns early from the enclosing function when `expr` is not ok.
 #define ZEROKV_RETURN_IF_ERROR(expr)                        \
   do {                                                      \
-    ::zerokv::runtime::Status zerokv_status_ = (expr);      \
+    ::zerokv::base::Status zerokv_status_ = (expr);      \
     if (!zerokv_status_.ok()) return zerokv_status_;        \
   } while (0)
