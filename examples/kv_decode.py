@@ -61,11 +61,11 @@ class Report:
 def run_decode(library, program_path: str, config, *, seed: int, prompt_length: int, steps: int,
                max_capacity: int) -> Report:
     import torch
-    from executorch.runtime import Runtime
 
+    import zerokv.executorch as zx
     from examples.llama_decoder import LlamaDecoder
 
-    program = Runtime.get().load_program(program_path)
+    program = zx.load_program(program_path)  # with its weights, in the .ptd beside it
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
     eager = LlamaDecoder(config, max_seq=max_capacity, seed=seed).eval()
     prompt = torch.randint(0, config.vocab, (1, prompt_length), generator=torch.Generator().manual_seed(seed))

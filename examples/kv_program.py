@@ -36,9 +36,10 @@ def runtime_kv(config: Config, max_capacity: int, initial_capacity: int) -> zx.R
 
 
 def export_step(model: LlamaDecoder, steps: int, max_capacity: int):
-    """The step over `steps` tokens, with a dynamic cache capacity."""
+    """The step over `steps` tokens, with a dynamic cache capacity and caches of the weights' dtype."""
     capacity = torch.export.Dim("capacity", min=2, max=max_capacity)
-    caches = tuple(torch.zeros(model.config.cache_shape(max_capacity)) for _ in range(2 * model.config.layers))
+    caches = tuple(torch.zeros(model.config.cache_shape(max_capacity), dtype=model.embed.dtype)
+                   for _ in range(2 * model.config.layers))
     tokens = torch.zeros(1, steps, dtype=torch.long)
     with torch.no_grad():
         return torch.export.export(

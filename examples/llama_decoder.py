@@ -109,10 +109,11 @@ class LlamaDecoder(nn.Module):
         positions = torch.arange(steps, device=position.device) + position
         angles = positions[:, None].float() * self.inverse_frequencies[None, :]
         table = torch.cat((angles, angles), dim=-1)
-        cos, sin = table.cos(), table.sin()
+        x = self.embed[tokens]
+        # In the weights' dtype, so that a bfloat16 model writes bfloat16 caches.
+        cos, sin = table.cos().to(x.dtype), table.sin().to(x.dtype)
         if self.caller_owned:
             caches = [getattr(self, f"{kind}_cache_{index}") for index in range(self.config.layers) for kind in "kv"]
-        x = self.embed[tokens]
         for index, layer in enumerate(self.layers):
             x = layer(x, positions, cos, sin, caches[2 * index], caches[2 * index + 1])
         return self.norm(x) @ self.lm_head

@@ -8,10 +8,6 @@
 namespace zerokv::blob {
 namespace {
 
-Error Refuse(ErrorCode code, const std::string& field, const std::string& detail) {
-  return Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
-}
-
 std::string Quote(const std::string& name) { return "'" + name + "'"; }
 
 std::string Range(uint64_t offset, uint64_t size) {
@@ -48,9 +44,6 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
                         "-byte blob");
     }
   }
-  if (header.payload_size == 0) {
-    return Refuse(ErrorCode::kOutOfRange, "header.payload_size", "the engine payload is empty");
-  }
   for (const Section& section : sections) {
     if (section.offset < kHeaderSize && section.size > 0) {
       return Refuse(ErrorCode::kOverlap, std::string("header.") + section.name + "_offset",
@@ -71,12 +64,55 @@ std::optional<Error> ValidateHeader(const Header& header, uint64_t blob_length) 
   return std::nullopt;
 }
 
+// The engine is the payload or a named data entry, never both; constants are placeable.
+std::optional<Error> ValidateNamedData(const Metadata& metadata, uint64_t payload_size) {
+  if (payload_size == 0 && metadata.engine_key.empty()) {
+    return Refuse(ErrorCode::kOutOfRange, "header.payload_size",
+                  "the engine payload is empty and metadata.engine_key names no named data entry");
+  }
+  if (payload_size != 0 && !metadata.engine_key.empty()) {
+    return Refuse(ErrorCode::kBadNamedData, "metadata.engine_key",
+                  Quote(metadata.engine_key) + ", but the engine is also the " + std::to_string(payload_size) +
+                      "-byte payload");
+  }
+  std::unordered_set<std::string> names;
+  for (size_t i = 0; i < metadata.constants.size(); ++i) {
+    const Constant& constant = metadata.constants[i];
+    const std::string field = "metadata.constants[" + std::to_string(i) + "]";
+    if (!names.insert(constant.name).second) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".name", Quote(constant.name) + " is already a constant");
+    }
+    if (constant.strides.size() != constant.sizes.size()) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".strides",
+                    std::to_string(constant.strides.size()) + " strides for the " +
+                        std::to_string(constant.sizes.size()) + " sizes of " + Quote(constant.name));
+    }
+    const std::pair<const char*, const std::vector<int64_t>*> roles[] = {{"sizes", &constant.sizes},
+                                                                         {"strides", &constant.strides}};
+    for (const auto& [role, extents] : roles) {
+      for (size_t d = 0; d < extents->size(); ++d) {
+        if ((*extents)[d] < 0) {
+          return Refuse(ErrorCode::kBadNamedData, field + "." + role + "[" + std::to_string(d) + "]",
+                        std::to_string((*extents)[d]) + " is negative in " + Quote(constant.name));
+        }
+      }
+    }
+    if (constant.storage_offset < 0) {
+      return Refuse(ErrorCode::kBadNamedData, field + ".storage_offset",
+                    std::to_string(constant.storage_offset) + " is negative in " + Quote(constant.name));
+    }
+  }
+  return std::nullopt;
+}
+
 bool SameShape(const std::vector<Dim>& a, const std::vector<Dim>& b) { return a == b; }
 
-// positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills.
+// positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills
+// (from format version 2; a version 1 model reads the positions its caller gives).
 std::optional<Error> ValidateRuntimeIndices(const Metadata& metadata,
                                             const std::unordered_map<std::string, const IOBinding*>& bindings,
-                                            const std::unordered_set<std::string>& runtime_owned) {
+                                            const std::unordered_set<std::string>& runtime_owned,
+                                            uint16_t format_version) {
   auto check = [&](const std::string& name, const std::string& field) -> std::optional<Error> {
     auto found = bindings.find(name);
     if (found == bindings.end() || found->second->direction != Direction::kInput || runtime_owned.count(name) != 0) {
@@ -97,6 +133,7 @@ std::optional<Error> ValidateRuntimeIndices(const Metadata& metadata,
     }
     return std::nullopt;
   }
+  if (format_version < 2) return std::nullopt;
   if (positions.empty()) {
     return Refuse(ErrorCode::kBadPositionsBinding, positions_field,
                   "empty, but the runtime supplies the positions of every step over runtime-owned caches");
@@ -128,7 +165,7 @@ std::optional<Error> ValidateRuntimeIndices(const Metadata& metadata,
   return std::nullopt;
 }
 
-std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided) {
+std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_outputs_elided, uint16_t format_version) {
   std::unordered_map<std::string, const IOBinding*> bindings;
   for (size_t i = 0; i < metadata.bindings.size(); ++i) {
     const IOBinding& binding = metadata.bindings[i];
@@ -237,7 +274,9 @@ std::optional<Error> ValidateMetadata(const Metadata& metadata, bool aliased_out
     }
   }
 
-  if (std::optional<Error> error = ValidateRuntimeIndices(metadata, bindings, runtime_owned)) return error;
+  if (std::optional<Error> error = ValidateRuntimeIndices(metadata, bindings, runtime_owned, format_version)) {
+    return error;
+  }
   const std::string& source = metadata.step_width_source;
   const char* source_field = "metadata.step_width_source";
   if (metadata.kv_layers.empty()) {
@@ -318,25 +357,30 @@ std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob) {
   if (!ReadHeader(data, size, &header, &error)) return error;
   if ((error = ValidateHeader(header, size))) return error;
   Metadata metadata;
-  if (!DecodeMetadata(data + header.metadata_offset, header.metadata_size, &metadata, &error)) return error;
-  if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided))) return error;
+  if (!DecodeMetadata(data + header.metadata_offset, header.metadata_size, header.format_version, &metadata,
+                      &error)) {
+    return error;
+  }
+  if ((error = ValidateNamedData(metadata, header.payload_size))) return error;
+  if ((error = ValidateMetadata(metadata, header.aliased_outputs_elided, header.format_version))) return error;
   blob->engine_kind = header.engine_kind;
   blob->device_id = header.device_id;
   blob->aliased_outputs_elided = header.aliased_outputs_elided;
   blob->metadata = std::move(metadata);
   blob->payload = data + header.payload_offset;
   blob->payload_size = header.payload_size;
+  blob->format_version = header.format_version;
   return std::nullopt;
 }
 
 std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
-  Writer metadata_writer;
-  WriteMetadata(metadata_writer, blob.metadata);
-  const std::vector<uint8_t>& metadata = metadata_writer.bytes();
+  std::vector<uint8_t> metadata;
+  std::optional<Error> error;
+  if (!EncodeMetadata(blob.metadata, blob.format_version, &metadata, &error)) return error;
 
   Header header;
   std::memcpy(header.magic, kMagic, sizeof(kMagic));
-  header.format_version = kFormatVersion;
+  header.format_version = blob.format_version;
   header.header_size = kHeaderSize;
   header.engine_kind = blob.engine_kind;
   header.aliased_outputs_elided = blob.aliased_outputs_elided;
@@ -346,8 +390,9 @@ std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out) {
   header.payload_offset = (kHeaderSize + metadata.size() + kPayloadAlignment - 1) / kPayloadAlignment * kPayloadAlignment;
   header.payload_size = blob.payload_size;
   header.blob_size = header.payload_offset + blob.payload_size;
-  if (std::optional<Error> error = ValidateHeader(header, header.blob_size)) return error;
-  if (std::optional<Error> error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided)) return error;
+  if ((error = ValidateHeader(header, header.blob_size))) return error;
+  if ((error = ValidateNamedData(blob.metadata, header.payload_size))) return error;
+  if ((error = ValidateMetadata(blob.metadata, blob.aliased_outputs_elided, blob.format_version))) return error;
 
   Writer writer;
   WriteHeader(writer, header);

@@ -8,7 +8,8 @@
 //   if (std::optional<Error> error = Parse(data, size, &blob)) { ... error->code, error->message ... }
 //
 // Parse never reads outside [data, data + size) and never trusts a count or an offset before
-// checking it against the bytes that are there. Every refusal names the field at fault.
+// checking it against the bytes that are there. Every refusal names the field at fault. It reads
+// every format version up to kFormatVersion (tools/blob_schema/schema.py says how they evolve).
 #pragma once
 
 #include <cstddef>
@@ -28,9 +29,12 @@ struct Blob {
   // through the aliased input is the buffer update. Recorded, never inferred from an argument count.
   bool aliased_outputs_elided = false;
   Metadata metadata;
-  // The engine payload. After Parse, a view into the parsed bytes, which must outlive the Blob.
+  // The engine code (empty when metadata.engine_key names the engine's named data entry). After
+  // Parse, a view into the parsed bytes, which must outlive the Blob.
   const uint8_t* payload = nullptr;
   size_t payload_size = 0;
+  // The version the blob was written in (Parse), or is to be written in (Serialize).
+  uint16_t format_version = kFormatVersion;
 };
 
 // Which bindings are delegate arguments, in argument order (indices into metadata.bindings): the
@@ -63,8 +67,8 @@ std::optional<StepWidthSource> ParseStepWidthSource(const std::string& source);
 // Parses and validates `data`. On success fills `blob` and returns nullopt.
 std::optional<Error> Parse(const uint8_t* data, size_t size, Blob* blob);
 
-// Writes `blob` (header, metadata, padding, payload) into `out`, or returns why it is invalid:
-// nothing invalid is ever written.
+// Writes `blob` (header, metadata, padding, payload) in blob.format_version into `out`, or returns
+// why it is invalid or cannot be written in that version: nothing invalid is ever written.
 std::optional<Error> Serialize(const Blob& blob, std::vector<uint8_t>* out);
 
 }  // namespace zerokv::blob

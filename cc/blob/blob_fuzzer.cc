@@ -18,7 +18,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (zerokv::blob::Parse(written.data(), written.size(), &reparsed)) std::abort();
   if (!(reparsed.metadata == blob.metadata) || reparsed.engine_kind != blob.engine_kind ||
       reparsed.device_id != blob.device_id || reparsed.aliased_outputs_elided != blob.aliased_outputs_elided ||
-      reparsed.payload_size != blob.payload_size) {
+      reparsed.payload_size != blob.payload_size || reparsed.format_version != blob.format_version) {
     std::abort();
   }
   return 0;

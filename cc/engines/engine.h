@@ -15,7 +15,9 @@
 // engine overwrites a caller buffer nobody expects to change.
 //
 // Engines are created by the factory registered for their blob::EngineKind (RegisterEngineFactory
-// below, at static initialisation of the engine's library).
+// below, at static initialisation of the engine's library), from the blob and the program's named
+// data (ExecuTorch's NamedDataMap: the .ptd beside the .pte, or the .pte's own segment), where the
+// blob's engine_key and constants live.
 #pragma once
 
 #include <cstddef>
@@ -26,6 +28,9 @@
 #include <string>
 #include <vector>
 
+#include <executorch/runtime/core/freeable_buffer.h>
+#include <executorch/runtime/core/named_data_map.h>
+
 #include "cc/base/device_ops.h"
 #include "cc/base/status.h"
 #include "cc/blob/blob.h"
@@ -35,6 +40,8 @@ namespace zerokv::engines {
 using base::ComputeDevice;
 using base::Status;
 using base::StreamHandle;
+using executorch::runtime::FreeableBuffer;
+using executorch::runtime::NamedDataMap;
 
 struct EngineBinding {
   std::string name;
@@ -69,14 +76,21 @@ class Engine {
   virtual Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const = 0;
 };
 
-// Creates the engine recorded in a parsed blob (its payload, device_id and bindings).
-using EngineFactory = std::function<Status(const blob::Blob& blob, std::unique_ptr<Engine>* engine)>;
+// Creates the engine recorded in a parsed blob (its payload, device_id and bindings), reading what
+// the blob keeps in named data from `named_data` (nullptr when the program has none).
+using EngineFactory = std::function<Status(const blob::Blob& blob, const NamedDataMap* named_data,
+                                           std::unique_ptr<Engine>* engine)>;
 
 // Registers the factory for `kind`; one per kind. Called at static initialisation by an engine
 // library (alwayslink), so linking the library is what makes its engine kind loadable.
 bool RegisterEngineFactory(blob::EngineKind kind, EngineFactory factory);
 
 // Creates the engine for blob.engine_kind, or says that no engine of that kind is linked in.
-Status CreateEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine);
+Status CreateEngine(const blob::Blob& blob, const NamedDataMap* named_data, std::unique_ptr<Engine>* engine);
+
+// The named data entry `key` (`what` says what it is, for the error), as the NamedDataMap hands it
+// out (mapped, with ExecuTorch's mmap data loader), or an error saying that it is missing.
+Status GetNamedData(const NamedDataMap* named_data, const std::string& key, const std::string& what,
+                    std::optional<FreeableBuffer>* data);
 
 }  // namespace zerokv::engines

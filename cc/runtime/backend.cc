@@ -46,7 +46,7 @@ class ZeroKVBackend final : public executorch::runtime::BackendInterface {
                     InvalidProgram("the delegate blob is invalid: " + error->message));
     }
     std::unique_ptr<engines::Engine> engine;
-    Status status = engines::CreateEngine(parsed, &engine);
+    Status status = engines::CreateEngine(parsed, context.get_named_data_map(), &engine);
     std::unique_ptr<DeviceOps> ops;
     if (status.ok()) status = MakeDeviceOps(engine->compute_device(), parsed.device_id, &ops);
     std::unique_ptr<Delegate> delegate;
@@ -56,7 +56,7 @@ class ZeroKVBackend final : public executorch::runtime::BackendInterface {
                                 &delegate);
     }
     if (!status.ok()) return Report(context.get_method_name(), status);
-    // The engine holds what it needs of the payload; the blob's bytes can go.
+    // The engine holds what it needs of the payload and of the named data; the blob's bytes can go.
     processed->Free();
     return static_cast<DelegateHandle*>(delegate.release());
   }

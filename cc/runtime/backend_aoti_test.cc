@@ -1,18 +1,28 @@
 // The backend end to end on the CPU, through ExecuTorch's BackendInterface, with a real
-// AOTInductor decode step (py/zerokv/aoti:decode_blobs): two steps, the second sees the KV the
-// first wrote, and the engine wrote through the caller's buffer (pointer and bytes). Then every
-// refusal: a truncated or corrupt blob, a wrong argument count, a host-resident alias target, each
-// a clear error with the caller's buffers untouched.
+// AOTInductor decode step (py/zerokv/aoti:decode_blobs) whose weight is named data in a real .ptd,
+// mapped: two steps, the second sees the KV the first wrote, and the engine wrote through the
+// caller's buffer (pointer and bytes). Then every refusal: a truncated or corrupt blob, missing or
+// wrong named data, a wrong argument count, a host-resident alias target, each a clear error with
+// the caller's buffers untouched.
 #include <cstdlib>
+#include <cstring>
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <memory>
+#include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
 #include <executorch/runtime/backend/interface.h>
 #include <executorch/runtime/platform/runtime.h>
 #include <gtest/gtest.h>
 
+#include "cc/blob/blob.h"
+#include "cc/engines/engine.h"
 #include "cc/runtime/backend.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
@@ -22,6 +32,8 @@ namespace zerokv::runtime {
 namespace {
 
 using executorch::aten::ScalarType;
+using executorch::extension::FlatTensorDataMap;
+using executorch::extension::MmapDataLoader;
 using executorch::runtime::BackendExecutionContext;
 using executorch::runtime::BackendInitContext;
 using executorch::runtime::BackendInterface;
@@ -43,6 +55,22 @@ std::vector<uint8_t> ReadBlob(const char* env) {
   return std::vector<uint8_t>(std::istreambuf_iterator<char>(file), {});
 }
 
+// The .ptd at $env, mapped as ExecuTorch's Module maps a program's data file.
+struct NamedData {
+  explicit NamedData(const char* env) {
+    const char* path = std::getenv(env);
+    EXPECT_NE(path, nullptr) << env;
+    auto mapped = MmapDataLoader::from(path);
+    EXPECT_TRUE(mapped.ok()) << path;
+    loader.emplace(std::move(mapped.get()));
+    auto loaded = FlatTensorDataMap::load(&*loader);
+    EXPECT_TRUE(loaded.ok()) << path;
+    map.emplace(std::move(loaded.get()));
+  }
+  std::optional<MmapDataLoader> loader;
+  std::optional<FlatTensorDataMap> map;
+};
+
 class BackendAotiTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -50,8 +78,9 @@ class BackendAotiTest : public ::testing::Test {
     backend_ = executorch::runtime::get_backend_class(kBackendName);
     ASSERT_NE(backend_, nullptr) << "ZeroKVBackend is not registered";
   }
-  executorch::runtime::Result<DelegateHandle*> Init(std::vector<uint8_t>& bytes) {
-    BackendInitContext context(nullptr, nullptr, "forward");
+  executorch::runtime::Result<DelegateHandle*> Init(std::vector<uint8_t>& bytes,
+                                                    const executorch::runtime::NamedDataMap* named_data) {
+    BackendInitContext context(nullptr, nullptr, "forward", named_data);
     FreeableBuffer processed(bytes.data(), bytes.size(), nullptr);
     return backend_->init(context, &processed, {});
   }
@@ -76,7 +105,7 @@ struct Step {
 
 TEST_F(BackendAotiTest, TwoDecodeStepsWriteTheCallersCacheInPlace) {
   std::vector<uint8_t> bytes = ReadBlob("DECODE_ELIDED_BLOB");
-  auto handle = Init(bytes);
+  auto handle = Init(bytes, nullptr);
   ASSERT_TRUE(handle.ok());
   auto* delegate = static_cast<Delegate*>(handle.get());
   ASSERT_EQ(delegate->arity(), 4u);  // x, pos, k_cache, attention: k_cache_out is elided
@@ -118,7 +147,7 @@ TEST_F(BackendAotiTest, TwoDecodeStepsWriteTheCallersCacheInPlace) {
 
 TEST_F(BackendAotiTest, NotElidedBlobTakesTheAliasedOutputArgument) {
   std::vector<uint8_t> bytes = ReadBlob("DECODE_NOT_ELIDED_BLOB");
-  auto handle = Init(bytes);
+  auto handle = Init(bytes, nullptr);
   ASSERT_TRUE(handle.ok());
   OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
   OwnedTensor<float> cache_out(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
@@ -136,24 +165,150 @@ TEST_F(BackendAotiTest, NotElidedBlobTakesTheAliasedOutputArgument) {
 TEST_F(BackendAotiTest, TruncatedOrCorruptBlobIsRefusedAtInit) {
   std::vector<uint8_t> bytes = ReadBlob("DECODE_ELIDED_BLOB");
   std::vector<uint8_t> truncated(bytes.begin(), bytes.begin() + bytes.size() / 2);
-  auto refused = Init(truncated);
+  auto refused = Init(truncated, nullptr);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.error(), Error::InvalidProgram);
 
   std::vector<uint8_t> bad_magic = bytes;
   bad_magic[0] ^= 0xff;
-  EXPECT_EQ(Init(bad_magic).error(), Error::InvalidProgram);
+  EXPECT_EQ(Init(bad_magic, nullptr).error(), Error::InvalidProgram);
 
   // A payload that is not an AOTInductor package: the header and metadata are intact.
   std::vector<uint8_t> bad_payload = bytes;
   for (size_t i = bytes.size() - 64; i < bytes.size(); ++i) bad_payload[i] = 0;
   for (size_t i = bytes.size() / 2; i < bytes.size() / 2 + 64; ++i) bad_payload[i] ^= 0x5a;
-  EXPECT_EQ(Init(bad_payload).error(), Error::InvalidProgram);
+  EXPECT_EQ(Init(bad_payload, nullptr).error(), Error::InvalidProgram);
+}
+
+// Named data as a map of key -> bytes the test owns.
+class TestNamedData final : public executorch::runtime::NamedDataMap {
+ public:
+  // Every entry of `real`, copied.
+  explicit TestNamedData(const executorch::runtime::NamedDataMap& real) {
+    for (uint32_t i = 0; i < real.get_num_keys().get(); ++i) {
+      const char* key = real.get_key(i).get();
+      auto data = real.get_data(key);
+      const auto* bytes = static_cast<const uint8_t*>(data->data());
+      entries[key] = std::vector<uint8_t>(bytes, bytes + data->size());
+    }
+  }
+  executorch::runtime::Result<const executorch::runtime::TensorLayout> get_tensor_layout(
+      std::string_view) const override {
+    return Error::NotFound;
+  }
+  executorch::runtime::Result<FreeableBuffer> get_data(std::string_view key) const override {
+    auto found = entries.find(std::string(key));
+    if (found == entries.end()) return Error::NotFound;
+    return FreeableBuffer(found->second.data(), found->second.size(), nullptr);
+  }
+  Error load_data_into(std::string_view, void*, size_t) const override { return Error::NotSupported; }
+  executorch::runtime::Result<uint32_t> get_num_keys() const override {
+    return static_cast<uint32_t>(entries.size());
+  }
+  executorch::runtime::Result<const char*> get_key(uint32_t index) const override {
+    auto it = entries.begin();
+    std::advance(it, index);
+    return it->first.c_str();
+  }
+
+  std::map<std::string, std::vector<uint8_t>> entries;
+};
+
+blob::Blob MustParse(const std::vector<uint8_t>& bytes) {
+  blob::Blob parsed;
+  std::optional<blob::Error> error = blob::Parse(bytes.data(), bytes.size(), &parsed);
+  EXPECT_FALSE(error.has_value()) << error->message;
+  return parsed;
+}
+
+std::string CreateError(const blob::Blob& parsed, const executorch::runtime::NamedDataMap* named_data) {
+  std::unique_ptr<engines::Engine> engine;
+  Status status = engines::CreateEngine(parsed, named_data, &engine);
+  EXPECT_FALSE(status.ok()) << "the engine was created";
+  return status.message();
+}
+
+TEST_F(BackendAotiTest, TheWeightComesFromTheMappedDataFile) {
+  std::vector<uint8_t> bytes = ReadBlob("DECODE_WEIGHTED_BLOB");
+  NamedData named_data("DECODE_WEIGHTED_PTD");
+  auto handle = Init(bytes, &*named_data.map);
+  ASSERT_TRUE(handle.ok());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
+  Step step(1.5f, 4);
+  ASSERT_EQ(Execute(*handle, {step.x.value(), step.pos.value(), cache.value(), step.attention.value()}),
+            Error::Ok);
+  const float scale[4] = {2.0f, 3.0f, 4.0f, 5.0f};  // make_decode_blob.py's weight, diag(SCALE)
+  for (int i = 0; i < 8; ++i) EXPECT_EQ(step.attention.data()[i], 1.5f * scale[i % 4]) << i;
+  backend_->destroy(*handle);
+}
+
+TEST_F(BackendAotiTest, TheWeightIsReadInPlaceNotCopied) {
+  std::vector<uint8_t> bytes = ReadBlob("DECODE_WEIGHTED_BLOB");
+  NamedData real("DECODE_WEIGHTED_PTD");
+  TestNamedData named_data(*real.map);
+  const blob::Blob parsed = MustParse(bytes);
+  ASSERT_EQ(parsed.metadata.constants.size(), 1u);
+  std::vector<uint8_t>& weight = named_data.entries.at(parsed.metadata.constants[0].key);
+  ASSERT_EQ(weight.size(), 4 * 4 * sizeof(float));
+
+  auto handle = Init(bytes, &named_data);
+  ASSERT_TRUE(handle.ok());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
+  Step first(1.0f, 0);
+  ASSERT_EQ(Execute(*handle, {first.x.value(), first.pos.value(), cache.value(), first.attention.value()}),
+            Error::Ok);
+  EXPECT_EQ(first.attention.data()[0], 2.0f);
+  // The engine reads the named data's bytes where they are: changing them changes the next step.
+  const float seven = 7.0f;
+  std::memcpy(weight.data(), &seven, sizeof(seven));  // weight[0][0]
+  Step second(0.0f, 1);
+  ASSERT_EQ(Execute(*handle, {second.x.value(), second.pos.value(), cache.value(), second.attention.value()}),
+            Error::Ok);
+  EXPECT_EQ(second.attention.data()[0], 7.0f);
+  backend_->destroy(*handle);
+}
+
+TEST_F(BackendAotiTest, MissingOrWrongNamedDataIsRefusedNamingTheConstant) {
+  std::vector<uint8_t> bytes = ReadBlob("DECODE_WEIGHTED_BLOB");
+  NamedData real("DECODE_WEIGHTED_PTD");
+  const blob::Blob parsed = MustParse(bytes);
+  const std::string key = parsed.metadata.constants[0].key;
+
+  EXPECT_EQ(Init(bytes, nullptr).error(), Error::InvalidProgram);
+  EXPECT_NE(CreateError(parsed, nullptr).find("constant 'weight' is named data entry '" + key +
+                                              "', but the program has no named data"),
+            std::string::npos);
+
+  TestNamedData other(*real.map);
+  other.entries.clear();
+  other.entries["zerokv/another"] = std::vector<uint8_t>(16);
+  EXPECT_NE(CreateError(parsed, &other).find("which the program's named data does not hold"), std::string::npos);
+
+  TestNamedData short_entry(*real.map);
+  short_entry.entries.at(key).resize(8);
+  EXPECT_NE(CreateError(parsed, &short_entry).find("constant 'weight': its named data entry '" + key + "' holds 8 bytes"),
+            std::string::npos);
+
+  blob::Blob wrong_dtype = parsed;
+  wrong_dtype.metadata.constants[0].dtype = blob::DType::kBfloat16;
+  EXPECT_NE(CreateError(wrong_dtype, &*real.map).find("constant 'weight' is BFLOAT16 in the blob but Float in the AOTInductor package"),
+            std::string::npos);
+
+  blob::Blob unlisted = parsed;
+  unlisted.metadata.constants.clear();
+  EXPECT_NE(CreateError(unlisted, &*real.map).find("needs constant 'weight', which the blob's constants do not list"),
+            std::string::npos);
+
+  blob::Blob extra = parsed;
+  extra.metadata.constants.push_back(extra.metadata.constants[0]);
+  extra.metadata.constants[1].name = "bias";
+  EXPECT_NE(CreateError(extra, &*real.map).find("lists constant 'bias', which the AOTInductor package does not have"),
+            std::string::npos);
 }
 
 TEST_F(BackendAotiTest, WrongArgumentCountAndHostAliasTargetLeaveTheCacheUntouched) {
   std::vector<uint8_t> bytes = ReadBlob("DECODE_ELIDED_BLOB");
-  auto handle = Init(bytes);
+  auto handle = Init(bytes, nullptr);
   ASSERT_TRUE(handle.ok());
   OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
   OwnedTensor<float> cache_out(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);

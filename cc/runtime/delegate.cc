@@ -120,7 +120,15 @@ Status Delegate::Create(const blob::Blob& blob, std::unique_ptr<engines::Engine>
     Binding binding;
     binding.spec = spec;
     binding.max_bytes = blob::ElementBytes(spec.dtype);
-    for (const blob::Dim& dim : spec.shape) binding.max_bytes *= static_cast<size_t>(dim.max);
+    for (const blob::Dim& dim : spec.shape) {
+      size_t bytes = 0;
+      if (!binding.max_bytes || dim.max < 0 ||
+          __builtin_mul_overflow(*binding.max_bytes, static_cast<size_t>(dim.max), &bytes)) {
+        binding.max_bytes.reset();
+      } else {
+        binding.max_bytes = bytes;
+      }
+    }
     created->bindings_.push_back(std::move(binding));
   }
 
@@ -204,6 +212,7 @@ Status Delegate::PlanCaches(const blob::Blob& blob,
   step_binding_ = signature_.inputs[source.input_index];
   step_dim_ = source.dim;
   auto fill_with_positions = [&](const std::string& name, uint64_t modulo) -> Status {
+    if (name.empty()) return Status::Ok();  // format version 1: the model reads its caller's positions
     Binding& binding = bindings_[index_of.at(name)];
     for (size_t d = 0; d < binding.spec.shape.size(); ++d) {
       if (binding.spec.shape[d].max == -1) {
@@ -322,7 +331,12 @@ const void* Delegate::bound_address(const std::string& name) const {
 
 Status Delegate::EnsureStaging(Binding& binding) {
   if (binding.staging) return Status::Ok();
-  return ops_->Allocate(binding.max_bytes, &binding.staging);
+  if (!binding.max_bytes) {
+    return InvalidProgram("binding " + Quote(binding.spec.name) +
+                          " has no largest size (a dim is unbounded or the bytes overflow): the "
+                          "runtime cannot allocate a buffer for it");
+  }
+  return ops_->Allocate(*binding.max_bytes, &binding.staging);
 }
 
 Status Delegate::Validate(Span<EValue*> args, Plan* plan) {

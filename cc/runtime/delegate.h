@@ -99,7 +99,8 @@ class Delegate {
     std::optional<size_t> argument;       // index in the delegate arguments; nullopt when elided
     std::optional<size_t> aliased_input;  // an aliased output: index of its input in bindings_
     bool alias_target = false;            // an input some output is written through
-    size_t max_bytes = 0;                 // bytes at the largest shape the blob allows
+    // Bytes at the largest shape the blob allows; nullopt when a dim is unbounded or they overflow.
+    std::optional<size_t> max_bytes;
     void* staging = nullptr;              // device buffer: a host-resident argument's, or the fill's
     void* bound = nullptr;                // address bound at the last Execute
     size_t bound_bytes = 0;               // bytes bound there

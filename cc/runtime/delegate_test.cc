@@ -389,6 +389,24 @@ TEST_F(DelegateTest, StagesHostInputsAndOutputsAndSynchronizesOnlyThen) {
   EXPECT_EQ(record_.events_recorded, 0);
 }
 
+TEST_F(DelegateTest, AnArgumentWhoseLargestSizeOverflowsIsNotStaged) {
+  // 8 bytes x 2^62 tokens: the largest size the blob allows does not fit in a size_t.
+  blob::Blob blob = DecodeBlob(true);
+  blob.metadata.bindings[0].shape[1] = Dim{0, int64_t{1} << 62};
+  CreateOrDie(blob, ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 2}, ET::CPU);  // host: would be staged
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  Status status = delegate_->Execute(Span<EValue*>(args, 3));
+  EXPECT_EQ(status.code(), Error::InvalidProgram);
+  EXPECT_NE(status.message().find("'tokens'"), std::string::npos) << status.message();
+  EXPECT_EQ(engine_->enqueue_count, 0);
+  EXPECT_TRUE(record_.copies.empty());
+}
+
 TEST_F(DelegateTest, HostEngineNeverStages) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kHost);
   OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CPU);

@@ -1,13 +1,20 @@
 """Writes the blob fixtures shared by the Python and C++ tests and the fuzzer's seed corpus.
 
-    make_fixtures.py OUT_DIR
+    make_fixtures.py OUT_DIR [FROZEN_DIR/FILE ...]
 writes OUT_DIR/<case>.blob for every case and OUT_DIR/MANIFEST, one line per case:
-"<case> OK" for a valid blob, "<case> <ERROR_CODE>" for one both parsers must refuse with that code.
+"<case> OK" for a valid blob (which writes back to the same bytes), "<case> OK=<other>" for one that
+parses to what case <other> parses to (fields it does not know skipped), "<case> <ERROR_CODE>" for
+one both parsers must refuse with that code.
+
+The FROZEN files are the fixtures an older format version's codec wrote (tests/blob/v<N>/: its
+blobs and their MANIFEST), copied as "v<N>_<case>": they are never regenerated, so that every
+version stays readable.
 
 Each bad case breaks exactly one rule of the format, starting from a valid blob, so that a parser
 that checks rules in another order still reports the same code.
 """
 
+import collections
 import copy
 import dataclasses
 import os
@@ -21,6 +28,7 @@ from zerokv.blob import (
     AliasedIO,
     AliasKind,
     Blob,
+    Constant,
     Device,
     Dim,
     Direction,
@@ -89,6 +97,38 @@ def runtime_kv_blob():
     return blob
 
 
+def growable_runtime_kv_blob():
+    """runtime_kv_blob with the flat layer's positions dim dynamic, admitting every capacity the
+    runtime may grow the cache to: the blob a runtime creates a delegate for."""
+    blob = runtime_kv_blob()
+    for i, binding in enumerate(blob.metadata.bindings):
+        if binding.name in ("k_cache", "v_cache", "k_cache_out", "v_cache_out"):
+            shape = list(binding.shape)
+            shape[2] = Dim(1, 64)
+            blob.metadata.bindings[i] = dataclasses.replace(binding, shape=shape)
+    return blob
+
+
+def named_data_blob():
+    """Engine code with its weights in named data, and a TensorRT plan that is all named data."""
+    blob = caller_kv_blob()
+    blob.metadata.constants = [
+        Constant("embed.weight", "zerokv/embed", DType.FLOAT32, [64, 32], [32, 1], 0),
+        # A view: the transposed second half of a storage.
+        Constant("head.weight", "zerokv/head", DType.BFLOAT16, [16, 8], [1, 16], 128),
+        Constant("scale", "zerokv/scale", DType.FLOAT32, [], [], 0),
+    ]
+    return blob
+
+
+def plan_in_named_data_blob():
+    blob = caller_kv_blob()
+    blob.engine_kind = EngineKind.TENSORRT
+    blob.metadata.engine_key = "zerokv/plan"
+    blob.payload = b""
+    return blob
+
+
 def minimal_blob():
     blob = caller_kv_blob()
     blob.aliased_outputs_elided = False
@@ -100,11 +140,11 @@ def minimal_blob():
 def raw(blob, metadata=None, **header_fields):
     """The bytes of `blob` with the rules bypassed: `metadata` replaces the encoded metadata and
     `header_fields` override header fields after the layout is computed."""
-    encoded = encode_metadata(blob.metadata) if metadata is None else metadata
+    encoded = encode_metadata(blob.metadata, blob.format_version) if metadata is None else metadata
     payload_offset = -(-(HEADER_SIZE + len(encoded)) // 64) * 64
     header = Header(
         magic=MAGIC,
-        format_version=FORMAT_VERSION,
+        format_version=blob.format_version,
         header_size=HEADER_SIZE,
         reserved=0,
         engine_kind=blob.engine_kind,
@@ -131,15 +171,40 @@ def patch(data, offset, new_bytes):
     return data[:offset] + new_bytes + data[offset + len(new_bytes):]
 
 
+def grown(encoded, struct_offsets, extra):
+    """`encoded` with `extra` bytes appended to the struct at struct_offsets[-1], nested in the
+    structs at the offsets before it (each a u32 size, then its bytes): a field a later writer added."""
+    innermost = struct_offsets[-1]
+    (size,) = struct.unpack_from("<I", encoded, innermost)
+    end = innermost + 4 + size
+    data = bytearray(encoded[:end] + extra + encoded[end:])
+    for offset in struct_offsets:
+        struct.pack_into("<I", data, offset, struct.unpack_from("<I", data, offset)[0] + len(extra))
+    return bytes(data)
+
+
 def cases():
     good = serialize(caller_kv_blob())
-    name_length_at = HEADER_SIZE + 4  # metadata.bindings.count, then bindings[0].name.length
+    # metadata.size, metadata.bindings.count, bindings[0].size, then bindings[0].name.length
+    name_length_at = HEADER_SIZE + 12
     yield "valid_caller_kv", "OK", good
     yield "valid_runtime_kv", "OK", serialize(runtime_kv_blob())
+    yield "valid_growable_runtime_kv", "OK", serialize(growable_runtime_kv_blob())
     yield "valid_minimal", "OK", serialize(minimal_blob())
+    yield "valid_constants", "OK", serialize(named_data_blob())
+    yield "valid_plan_in_named_data", "OK", serialize(plan_in_named_data_blob())
+
+    meta = encode_metadata(caller_kv_blob().metadata)
+    binding_at = 8  # metadata.size, metadata.bindings.count, then bindings[0]
+    # Fields a later writer added (schema.added) are skipped: at the end of the metadata, and at the
+    # end of bindings[0].
+    yield "later_metadata_field", "OK=valid_caller_kv", raw(caller_kv_blob(), metadata=grown(meta, [0], b"\x05later"))
+    yield "later_binding_field", "OK=valid_caller_kv", raw(
+        caller_kv_blob(), metadata=grown(meta, [0, binding_at], b"\x01\x02"))
 
     yield "bad_magic", "BAD_MAGIC", b"ZKVX" + good[4:]
-    yield "unsupported_version", "UNSUPPORTED_VERSION", raw(caller_kv_blob(), format_version=FORMAT_VERSION + 1)
+    yield "newer_version", "UNSUPPORTED_VERSION", raw(caller_kv_blob(), format_version=FORMAT_VERSION + 1)
+    yield "version_zero", "UNSUPPORTED_VERSION", raw(caller_kv_blob(), format_version=0)
     yield "truncated_header", "TRUNCATED_HEADER", good[:HEADER_SIZE - 1]
     yield "bad_header_size", "BAD_HEADER", raw(caller_kv_blob(), header_size=48)
     yield "reserved_nonzero", "BAD_HEADER", raw(caller_kv_blob(), reserved=1)
@@ -147,7 +212,6 @@ def cases():
     yield "truncated_payload", "BAD_HEADER", good[:-1]
     yield "bad_engine_kind", "BAD_ENUM", patch(good, 8, b"\x07")
     yield "bad_elided_bool", "BAD_ENUM", patch(good, 9, b"\x02")
-    meta = encode_metadata(caller_kv_blob().metadata)
     yield "metadata_out_of_range", "OUT_OF_RANGE", raw(caller_kv_blob(), metadata_size=len(good))
     yield "payload_out_of_range", "OUT_OF_RANGE", raw(caller_kv_blob(), payload_size=len(good))
     yield "payload_offset_overflow", "OUT_OF_RANGE", raw(caller_kv_blob(), payload_offset=2**64 - 64)
@@ -157,10 +221,14 @@ def cases():
     yield "misaligned_payload", "MISALIGNED_PAYLOAD", raw(
         caller_kv_blob(), payload_offset=read_header(good).payload_offset + 8, payload_size=len(PAYLOAD) - 8)
     yield "truncated_metadata", "TRUNCATED", raw(caller_kv_blob(), metadata=meta[:-3])
-    yield "string_past_end", "TRUNCATED", raw(caller_kv_blob(), metadata=patch(meta, 4, struct.pack("<I", 10**6)))
-    yield "count_overflow", "COUNT_OVERFLOW", raw(caller_kv_blob(), metadata=patch(meta, 0, struct.pack("<I", 2**32 - 1)))
+    yield "struct_past_end", "TRUNCATED", raw(
+        caller_kv_blob(), metadata=patch(meta, binding_at, struct.pack("<I", len(meta))))
+    yield "string_past_end", "TRUNCATED", raw(
+        caller_kv_blob(), metadata=patch(meta, name_length_at - HEADER_SIZE, struct.pack("<I", 10**6)))
+    yield "count_overflow", "COUNT_OVERFLOW", raw(caller_kv_blob(), metadata=patch(meta, 4, struct.pack("<I", 2**32 - 1)))
     yield "trailing_bytes", "TRAILING_BYTES", raw(caller_kv_blob(), metadata=meta + b"\0")
     assert good[name_length_at:name_length_at + 4] == struct.pack("<I", len("tokens"))
+    assert good[HEADER_SIZE + 4:HEADER_SIZE + 8] == struct.pack("<I", len(caller_kv_blob().metadata.bindings))
 
     def binding(i, **fields):
         def edit(blob):
@@ -221,12 +289,41 @@ def cases():
     yield "slots_are_positions", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(1, slots_binding="positions"))
     yield "slots_runtime_owned", "BAD_POSITIONS_BINDING", edited(runtime_kv_blob, kv_layer(1, slots_binding="k_cache"))
 
+    def constant(i, **fields):
+        def edit(blob):
+            blob.metadata.constants[i] = dataclasses.replace(blob.metadata.constants[i], **fields)
+        return edit
+
+    yield "engine_in_payload_and_named_data", "BAD_NAMED_DATA", edited(
+        plan_in_named_data_blob, lambda b: setattr(b, "payload", PAYLOAD))
+    yield "constant_named_twice", "BAD_NAMED_DATA", edited(named_data_blob, constant(1, name="embed.weight"))
+    yield "constant_rank_mismatch", "BAD_NAMED_DATA", edited(named_data_blob, constant(0, strides=[32]))
+    yield "constant_negative_size", "BAD_NAMED_DATA", edited(named_data_blob, constant(0, sizes=[64, -32]))
+    yield "constant_negative_stride", "BAD_NAMED_DATA", edited(named_data_blob, constant(1, strides=[1, -16]))
+    yield "constant_negative_offset", "BAD_NAMED_DATA", edited(named_data_blob, constant(1, storage_offset=-1))
+    yield "constant_empty_key", "BAD_STRING", edited(named_data_blob, constant(2, key=""))
+
+
+def frozen_cases(paths):
+    """The cases of each older version's frozen fixtures, as (name, expected, bytes)."""
+    by_dir = collections.defaultdict(dict)
+    for path in paths:
+        by_dir[os.path.dirname(path)][os.path.basename(path)] = path
+    for directory, files in sorted(by_dir.items()):
+        version = os.path.basename(directory)
+        with open(files["MANIFEST"]) as manifest:
+            for line in manifest:
+                if line.strip():
+                    name, expected = line.split()
+                    with open(files[name + ".blob"], "rb") as f:
+                        yield f"{version}_{name}", expected, f.read()
+
 
 def main():
-    out_dir = sys.argv[1]
+    out_dir, frozen = sys.argv[1], sys.argv[2:]
     os.makedirs(out_dir, exist_ok=True)
     lines = []
-    for name, expected, data in cases():
+    for name, expected, data in [*cases(), *frozen_cases(frozen)]:
         with open(os.path.join(out_dir, name + ".blob"), "wb") as f:
             f.write(data)
         lines.append(f"{name} {expected}")

@@ -9,6 +9,9 @@ writes the caches without reading them, as a Hugging Face prefill does) and "dec
 capacity INITIAL_CAPACITY, growing up to MAX_CAPACITY, shared by both methods; the step width is
 dim 1 of "tokens", and the runtime fills "position" with each step's first position.
 
+OUT.pte's weights go to OUT.ptd beside it (the default); MIXED.pte and the ring program keep theirs
+in the .pte (named_data="pte").
+
 MIXED.pte: the decode step of runtime_kv_models.MixedCacheDecoder, whose one delegate writes the
 runtime-owned caches (as above, up to MIXED_MAX_CAPACITY) and two caller-owned buffer caches in place.
 
@@ -71,7 +74,8 @@ def runtime_kv(max_capacity=MAX_CAPACITY):
 def main():
     if sys.argv[1:2] == ["--ring"]:
         program = zx.export({"decode": export_ring_step(RingDecoder(seed=0))}, engine="aoti",
-                            engine_options={"compile_device": "cpu"}, runtime_kv=ring_runtime_kv())
+                            engine_options={"compile_device": "cpu"}, runtime_kv=ring_runtime_kv(),
+                            named_data="pte")
         zx.save(program, sys.argv[2])
         return
     out, mixed_out = sys.argv[1:]
@@ -84,7 +88,7 @@ def main():
     zx.save(program, out)
     mixed = models.export_step(models.MixedCacheDecoder(seed=0), 1, MIXED_MAX_CAPACITY)
     program = zx.export({"decode": mixed}, engine="aoti", engine_options={"compile_device": "cpu"},
-                        runtime_kv=runtime_kv(MIXED_MAX_CAPACITY))
+                        runtime_kv=runtime_kv(MIXED_MAX_CAPACITY), named_data="pte")
     zx.save(program, mixed_out)
 
 

@@ -27,7 +27,7 @@ BACKEND.zerokv_kv_sequence_release.argtypes = [ctypes.c_void_p]
 BACKEND.zerokv_kv_sequence_select.argtypes = [ctypes.c_void_p]
 BACKEND.zerokv_kv_sequence_metrics.argtypes = [ctypes.c_void_p, ctypes.POINTER(Metrics)]
 BACKEND.zerokv_kv_sequence_reset.argtypes = [ctypes.c_void_p]
-from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
+import zerokv.executorch as zx  # noqa: E402  (the backend must be registered first)
 
 DECODE_STEPS = 40
 # One position of K and V: [1, heads, 1, head_dim] float32 each.
@@ -60,7 +60,7 @@ def load(sequence=None):
     """prefill and decode of a new load of the program, at home in `sequence` (None: the implicit one)."""
     BACKEND.zerokv_kv_sequence_select(sequence)
     try:
-        program = Runtime.get().load_program(os.environ["RUNTIME_KV_PTE"])
+        program = zx.load_program(os.environ["RUNTIME_KV_PTE"])
         return program, program.load_method("prefill"), program.load_method("decode")
     finally:
         BACKEND.zerokv_kv_sequence_select(None)
@@ -137,7 +137,7 @@ def test_reset_starts_a_fresh_sequence_on_the_kept_storage(methods):
 
 
 def test_one_delegate_writing_runtime_owned_and_caller_owned_caches_equals_eager():
-    method = Runtime.get().load_program(os.environ["MIXED_KV_PTE"]).load_method("decode")
+    method = zx.load_program(os.environ["MIXED_KV_PTE"]).load_method("decode")
     model = models.MixedCacheDecoder(seed=0).eval()
     k_cache, v_cache = models.empty_caches(spec.MIXED_MAX_CAPACITY)
     with torch.no_grad():
@@ -196,7 +196,7 @@ def test_a_second_load_without_a_sequence_is_refused(methods):
     """Both loads would run at home in the implicit sequence, sharing (and corrupting) one cache."""
     prefill, decode = methods
     prefill.execute([PROMPT, torch.tensor(0)])
-    program = Runtime.get().load_program(os.environ["RUNTIME_KV_PTE"])
+    program = zx.load_program(os.environ["RUNTIME_KV_PTE"])
     with pytest.raises(RuntimeError):
         program.load_method("decode")
     assert metrics().length == spec.PREFILL
@@ -210,7 +210,7 @@ def test_a_ring_cache_is_written_at_the_runtimes_slots():
     sequence = BACKEND.zerokv_kv_sequence_create()
     BACKEND.zerokv_kv_sequence_select(sequence)
     try:
-        program = Runtime.get().load_program(os.environ["RUNTIME_KV_RING_PTE"])
+        program = zx.load_program(os.environ["RUNTIME_KV_RING_PTE"])
         decode = program.load_method("decode")
     finally:
         BACKEND.zerokv_kv_sequence_select(None)

@@ -4,7 +4,8 @@
     generate.py --cpp OUT.h       the structural codec of cc/blob (blob_format.h)
 
 Both emit the same things: the constants, enums and error codes; one record type per struct; a
-bounds-checked reader and a writer per struct; the fixed header. The semantic rules that tie fields
+bounds-checked reader and a writer per struct that take the format version (schema.py says how the
+versions' layouts differ); the fixed header. The semantic rules that tie fields
 together (duplicate names, aliases, elision, the KV manifest) live in each language's blob module.
 The code of each that the schema does not shape is written out in templates/ (a .tpl per output).
 """
@@ -44,7 +45,31 @@ def _is_list(field_type):
     return isinstance(field_type, tuple) and field_type[0] == "list"
 
 
-def _min_size(field_type):
+def _fields(struct_name):
+    """(name, type, added) of each field of a struct; added is (version, default) or None."""
+    fields = []
+    for name, field_type, *marks in dict(schema.STRUCTS)[struct_name]:
+        fields.append((name, field_type, marks[0][1:] if marks else None))
+    return fields
+
+
+def _check_schema():
+    """Added fields end their structs in the order they were added, so that each older layout is a
+    prefix of the newer ones."""
+    for struct_name, _ in schema.STRUCTS:
+        last = None
+        for name, _, added in _fields(struct_name):
+            if added is None:
+                assert last is None, f"{struct_name}.{name} follows an added() field"
+                continue
+            version, default = added
+            assert 1 < version <= schema.FORMAT_VERSION, f"{struct_name}.{name}: version {version}"
+            assert last is None or last <= version, f"{struct_name}.{name} follows a field added later"
+            assert default in ("", [], 0, False), f"{struct_name}.{name}: default {default!r} is not zero-like"
+            last = version
+
+
+def _min_size(field_type, extensible):
     """Fewest bytes a value of this type can take: bounds list counts before allocating."""
     if _is_enum(field_type):
         return 1
@@ -52,7 +77,18 @@ def _min_size(field_type):
         return 4
     if field_type in schema.SCALARS:
         return schema.SCALARS[field_type]
-    return sum(_min_size(t) for _, t in dict(schema.STRUCTS)[field_type])
+    required = sum(_min_size(t, extensible) for _, t, added in _fields(field_type) if added is None)
+    return required + 4 if extensible else required
+
+
+def _min_size_expr(field_type, cpp):
+    """The minimum size as an expression of `version`: a struct's differs between layouts."""
+    fixed, extensible = _min_size(field_type, False), _min_size(field_type, True)
+    if fixed == extensible:
+        return str(fixed)
+    if cpp:
+        return f"(version >= kExtensibleSince ? {extensible} : {fixed})"
+    return f"({extensible} if version >= EXTENSIBLE_SINCE else {fixed})"
 
 
 def _header_size():
@@ -82,29 +118,31 @@ def _py_read_expr(field_type, field_expr):
         return f"reader.string({field_expr}, required={field_type[1]})"
     if _is_list(field_type):
         element = field_type[1]
-        return f"reader.list({field_expr}, {_min_size(element)}, lambda f: {_py_read_expr(element, 'f')})"
+        return (f"reader.list({field_expr}, {_min_size_expr(element, cpp=False)}, "
+                f"lambda f: {_py_read_expr(element, 'f')})")
     if field_type == "bool":
         return f"reader.boolean({field_expr})"
     if field_type in schema.SCALARS:
         return f'reader.scalar("{_STRUCT_FORMAT[field_type]}", {field_expr})'
-    return f"read_{_snake(field_type)}(reader, {field_expr})"
+    return f"read_{_snake(field_type)}(reader, {field_expr}, version)"
 
 
-def _py_write_stmt(field_type, value_expr, indent):
+def _py_write_stmt(field_type, value_expr, field_expr, indent):
     pad = " " * indent
     if _is_enum(field_type):
         return f'{pad}writer.scalar("B", int({value_expr}))\n'
     if _is_string(field_type):
         return f"{pad}writer.string({value_expr})\n"
     if _is_list(field_type):
-        var = "item" + str(indent)
+        index, item = f"i{indent}", f"item{indent}"
         return (
             f'{pad}writer.scalar("I", len({value_expr}))\n'
-            f"{pad}for {var} in {value_expr}:\n" + _py_write_stmt(field_type[1], var, indent + 4)
+            f"{pad}for {index}, {item} in enumerate({value_expr}):\n"
+            + _py_write_stmt(field_type[1], item, f'{field_expr} + f"[{{{index}}}]"', indent + 4)
         )
     if field_type in schema.SCALARS:
         return f'{pad}writer.scalar("{_STRUCT_FORMAT[field_type]}", int({value_expr}))\n'
-    return f"{pad}write_{_snake(field_type)}(writer, {value_expr})\n"
+    return f"{pad}write_{_snake(field_type)}(writer, {field_expr}, {value_expr}, version)\n"
 
 
 def _py_annotation(field_type):
@@ -120,6 +158,7 @@ def _py_annotation(field_type):
 
 
 def generate_python():
+    _check_schema()
     enums = []
     for name, members in schema.ENUMS.items():
         enums += ["", f"class {name}(enum.IntEnum):"] + [f"    {m} = {v}" for m, v in members] + [""]
@@ -137,19 +176,55 @@ def generate_python():
                 f"                              f'{{values[{i}]}} is not a {field_type[1]}') from None",
             ]
     structs = []
-    for name, fields in schema.STRUCTS:
+    for name, _ in schema.STRUCTS:
+        fields = _fields(name)
         structs += ["", "@dataclasses.dataclass", f"class {name}:"]
-        structs += [f"    {n}: {_py_annotation(t)}" for n, t in fields]
-        structs += ["", "", f"def read_{_snake(name)}(reader, field):", f"    return {name}("]
-        structs += [f"        {_py_read_expr(t, 'field + ' + repr('.' + n))}," for n, t in fields]
-        structs += ["    )", "", "", f"def write_{_snake(name)}(writer, value):"]
-        for n, t in fields:
-            structs.append(_py_write_stmt(t, f"value.{n}", 4).rstrip("\n"))
-        structs.append("")
+        for n, t, added in fields:
+            if added is None:
+                structs.append(f"    {n}: {_py_annotation(t)}")
+            elif added[1] == []:
+                structs.append(f"    {n}: {_py_annotation(t)} = dataclasses.field(default_factory=list)")
+            else:
+                structs.append(f"    {n}: {_py_annotation(t)} = {added[1]!r}")
+        structs += [
+            "",
+            "",
+            f"def read_{_snake(name)}(reader, field, version):",
+            "    if version >= EXTENSIBLE_SINCE:",
+            "        reader = reader.struct(field)",
+        ]
+        for n, t, added in fields:
+            read = _py_read_expr(t, "field + " + repr("." + n))
+            if added is None:
+                structs.append(f"    {n} = {read}")
+            else:
+                # In a fixed layout, present from its version on; in a sized struct, when bytes are left.
+                structs.append(f"    {n} = {read} if version >= {added[0]} and (version < EXTENSIBLE_SINCE or "
+                               f"reader.remaining()) else {added[1]!r}")
+        structs += [f"    return {name}(" + ", ".join(f"{n}={n}" for n, _, _ in fields) + ")"]
+        structs += [
+            "",
+            "",
+            f"def write_{_snake(name)}(writer, field, value, version):",
+            "    outer = writer",
+            "    if version >= EXTENSIBLE_SINCE:",
+            "        writer = Writer()",
+        ]
+        for n, t, added in fields:
+            stmt = _py_write_stmt(t, f"value.{n}", "field + " + repr("." + n), 4).rstrip("\n")
+            if added is None:
+                structs.append(stmt)
+                continue
+            structs.append(f"    if version >= {added[0]}:")
+            structs.append("\n".join("    " + line for line in stmt.split("\n")))
+            structs.append(f"    elif value.{n} != {added[1]!r}:")
+            structs.append(f"        refuse_unwritable(field + {'.' + n!r}, version)")
+        structs += ["    if version >= EXTENSIBLE_SINCE:", "        outer.struct(writer)", ""]
     return _render(
         "format_generated.py.tpl",
         magic=repr(schema.MAGIC),
         format_version=schema.FORMAT_VERSION,
+        extensible_since=schema.EXTENSIBLE_SINCE,
         payload_alignment=schema.PAYLOAD_ALIGNMENT,
         header_size=_header_size(),
         enums="\n".join(enums),
@@ -192,7 +267,7 @@ def _cpp_read(field_type, field_expr, target, indent):
             f"{pad}{{\n"
             f"{pad}  const std::string list_field = {field_expr};\n"
             f"{pad}  uint32_t count = 0;\n"
-            f"{pad}  if (!reader.Count(list_field, {_min_size(element)}, &count)) return false;\n"
+            f"{pad}  if (!reader.Count(list_field, {_min_size_expr(element, cpp=True)}, &count)) return false;\n"
             f"{pad}  {target}.resize(count);\n"
             f"{pad}  for (uint32_t {var} = 0; {var} < count; ++{var}) {{\n"
             + _cpp_read(element, f'list_field + "[" + std::to_string({var}) + "]"', f"{target}[{var}]", indent + 4)
@@ -200,29 +275,36 @@ def _cpp_read(field_type, field_expr, target, indent):
         )
     if field_type in schema.SCALARS:
         return f"{pad}if (!reader.Scalar({field_expr}, &{target})) return false;\n"
-    return f"{pad}if (!Read{field_type}(reader, {field_expr}, &{target})) return false;\n"
+    return f"{pad}if (!Read{field_type}(reader, {field_expr}, version, &{target})) return false;\n"
 
 
-def _cpp_write(field_type, value_expr, indent):
+def _cpp_write(field_type, value_expr, field_expr, indent):
     pad = " " * indent
     if _is_enum(field_type):
         return f"{pad}writer.Enum({value_expr});\n"
     if _is_string(field_type):
         return f"{pad}writer.String({value_expr});\n"
     if _is_list(field_type):
-        var = f"item{indent}"
+        index = f"i{indent}"
         return (
             f"{pad}writer.Scalar(static_cast<uint32_t>({value_expr}.size()));\n"
-            f"{pad}for (const auto& {var} : {value_expr}) {{\n"
-            + _cpp_write(field_type[1], var, indent + 2)
+            f"{pad}for (size_t {index} = 0; {index} < {value_expr}.size(); ++{index}) {{\n"
+            + _cpp_write(field_type[1], f"{value_expr}[{index}]",
+                         f'{field_expr} + "[" + std::to_string({index}) + "]"', indent + 2)
             + f"{pad}}}\n"
         )
     if field_type in schema.SCALARS:
         return f"{pad}writer.Scalar<{_CPP_TYPE[field_type]}>({value_expr});\n"
-    return f"{pad}Write{field_type}(writer, {value_expr});\n"
+    return f"{pad}Write{field_type}(writer, {field_expr}, version, {value_expr});\n"
+
+
+def _cpp_is_default(added):
+    """A C++ test that a field holds its zero-like default."""
+    return ".empty()" if added[1] in ("", []) else f" == {str(added[1]).lower()}"
 
 
 def generate_cpp():
+    _check_schema()
     enums = []
     for name, members in schema.ENUMS.items():
         enums += [f"enum class {name} : uint8_t {{"]
@@ -244,27 +326,51 @@ def generate_cpp():
     header_reads = []
     for name, field_type in schema.HEADER_FIELDS[2:]:
         read = "Enum" if _is_enum(field_type) else "Scalar"
-        header_reads.append(
-            f'  if (!reader.{read}("header.{name}", &header->{name})) {{ *error = reader.error(); return false; }}'
-        )
+        header_reads.append(f'  if (!reader.{read}("header.{name}", &header->{name})) return false;')
     structs = []
-    for name, fields in schema.STRUCTS:
+    for name, _ in schema.STRUCTS:
+        fields = _fields(name)
         structs += [f"struct {name} {{"]
-        structs += [f"  {_cpp_type(t)} {n}{{}};" for n, t in fields]
+        structs += [f"  {_cpp_type(t)} {n}{{}};" for n, t, _ in fields]
         structs += [f"  bool operator==(const {name}& other) const {{"]
-        structs += ["    return " + " && ".join(f"{n} == other.{n}" for n, _ in fields) + ";", "  }", "};", ""]
-        structs += [f"inline bool Read{name}(Reader& reader, const std::string& field, {name}* value) {{"]
-        for n, t in fields:
-            structs.append(_cpp_read(t, f'field + ".{n}"', f"value->{n}", 2).rstrip("\n"))
-        structs += ["  return true;", "}", ""]
-        structs += [f"inline void Write{name}(Writer& writer, const {name}& value) {{"]
-        for n, t in fields:
-            structs.append(_cpp_write(t, f"value.{n}", 2).rstrip("\n"))
-        structs += ["}", ""]
+        structs += ["    return " + " && ".join(f"{n} == other.{n}" for n, _, _ in fields) + ";", "  }", "};", ""]
+        structs += [
+            f"inline bool Read{name}(Reader& outer, const std::string& field, uint16_t version, {name}* value) {{",
+            "  std::optional<Reader> inner;",
+            "  if (version >= kExtensibleSince) inner.emplace(outer.Struct(field));",
+            "  Reader& reader = inner ? *inner : outer;",
+        ]
+        for n, t, added in fields:
+            read = _cpp_read(t, f'field + ".{n}"', f"value->{n}", 2).rstrip("\n")
+            if added is None:
+                structs.append(read)
+                continue
+            # In a fixed layout, present from its version on; in a sized struct, when bytes are left.
+            structs.append(f"  if (version >= {added[0]} && (version < kExtensibleSince || reader.remaining() > 0)) {{")
+            structs.append("\n".join("  " + line for line in read.split("\n")))
+            structs.append("  }")
+        structs += ["  return !reader.failed();", "}", ""]
+        structs += [
+            f"inline void Write{name}(Writer& outer, const std::string& field, uint16_t version, const {name}& value) {{",
+            "  Writer inner;",
+            "  Writer& writer = version >= kExtensibleSince ? inner : outer;",
+        ]
+        for n, t, added in fields:
+            write = _cpp_write(t, f"value.{n}", f'field + ".{n}"', 2).rstrip("\n")
+            if added is None:
+                structs.append(write)
+                continue
+            structs.append(f"  if (version >= {added[0]}) {{")
+            structs.append("\n".join("  " + line for line in write.split("\n")))
+            structs.append(f"  }} else if (!(value.{n}{_cpp_is_default(added)})) {{")
+            structs.append(f'    writer.RefuseUnwritable(field + ".{n}", version);')
+            structs.append("  }")
+        structs += ["  if (version >= kExtensibleSince) outer.Struct(inner);", "}", ""]
     return _render(
         "blob_format.h.tpl",
         magic=", ".join(f"0x{b:02x}" for b in schema.MAGIC),
         format_version=schema.FORMAT_VERSION,
+        extensible_since=schema.EXTENSIBLE_SINCE,
         payload_alignment=schema.PAYLOAD_ALIGNMENT,
         header_size=_header_size(),
         enums="\n".join(enums),
@@ -280,7 +386,8 @@ def generate_cpp():
         header_fields="\n".join(header_fields),
         header_reads="\n".join(header_reads),
         header_writes="\n".join(
-            _cpp_write(field_type, f"header.{name}", 2).rstrip("\n") for name, field_type in schema.HEADER_FIELDS[1:]
+            _cpp_write(field_type, f"header.{name}", f'"header.{name}"', 2).rstrip("\n")
+            for name, field_type in schema.HEADER_FIELDS[1:]
         ),
         structs="\n".join(structs),
     )

@@ -5,19 +5,39 @@ that both sides build from. Nothing else may define a field, an enum value or an
 
 Layout, little-endian, every field fixed-width:
 
-    header     HEADER_FIELDS, HEADER_SIZE bytes at offset 0
+    header     HEADER_FIELDS, HEADER_SIZE bytes at offset 0 (the same in every version)
     metadata   the Metadata struct at [metadata_offset, metadata_offset + metadata_size)
-    payload    the engine (TensorRT plan or AOTInductor package) at
-               [payload_offset, payload_offset + payload_size), payload_offset a multiple of
-               PAYLOAD_ALIGNMENT
+    payload    the engine code at [payload_offset, payload_offset + payload_size), payload_offset a
+               multiple of PAYLOAD_ALIGNMENT: the AOTInductor package (kernels, no weights since
+               version 3). Empty when the engine lives in ExecuTorch's named data (a TensorRT plan,
+               metadata.engine_key).
 
 Inside the metadata a string is a u32 byte length then that many UTF-8 bytes (no NUL); a list is a
-u32 count then its elements; a struct is its fields in order. No field is optional and nothing
-depends on key order.
+u32 count then its elements. A struct is a u32 byte size then its fields in order (versions 1 and
+2: its fields in order, with no size). Nothing depends on key order.
+
+How the format evolves:
+
+  - A reader reads every version from 1 to FORMAT_VERSION and refuses a newer one
+    (UNSUPPORTED_VERSION, naming both versions): MAGIC and format_version open every version.
+  - A field that a reader may ignore is added at the end of its struct with added(version,
+    default), without a new version: a reader skips the bytes after the fields it knows (an older
+    runtime ignores the field), and gives the default to a field that a struct ends before (an
+    older blob). Such a field must mean nothing when it holds its default.
+  - Anything else (a field a reader must act on, a new meaning for an old field, a removed field, a
+    new enum value) bumps FORMAT_VERSION, so that an older runtime refuses the blob by name.
+  - Each version's layout is frozen: versions 1 and 2 had fixed-layout structs (no size prefix),
+    each with the fields added() up to it; tests/blob keeps fixtures written by each version's codec.
+
+Versions: 1, the first; 2, runtime-supplied positions (positions_binding, slots_binding); 3,
+extensible structs, and weights and plans out of the blob (engine_key, constants).
 """
 
 MAGIC = b"ZKVB"
-FORMAT_VERSION = 2
+# The version the codecs write; they read every version from 1 up to it.
+FORMAT_VERSION = 3
+# The first version whose structs carry their byte size (and so can grow added() fields).
+EXTENSIBLE_SINCE = 3
 PAYLOAD_ALIGNMENT = 64
 
 # Scalar field types and their widths in bytes.
@@ -59,7 +79,7 @@ DTYPE_BYTES = {
 # Every way a blob can be refused. Both codecs report these codes, with a message naming the field.
 ERROR_CODES = [
     ("BAD_MAGIC", "the blob does not start with MAGIC"),
-    ("UNSUPPORTED_VERSION", "format_version is not FORMAT_VERSION"),
+    ("UNSUPPORTED_VERSION", "format_version is 0 or newer than FORMAT_VERSION, or a field cannot be written in it"),
     ("TRUNCATED_HEADER", "the blob is shorter than the header"),
     ("BAD_HEADER", "a header field holds an impossible value (header_size, reserved, blob_size)"),
     ("OUT_OF_RANGE", "a section's offset or size lies outside the blob"),
@@ -81,6 +101,7 @@ ERROR_CODES = [
     ("BAD_POSITIONS_BINDING",
      "positions_binding or a KV layer's slots_binding is missing where required, present where not, or not an "
      "int32/int64 delegate argument input of its own"),
+    ("BAD_NAMED_DATA", "the engine is in both the payload and named data, or a constant is inconsistent"),
 ]
 
 
@@ -90,6 +111,13 @@ def enum(name):
 
 def list_of(element):
     return ("list", element)
+
+
+def added(version, default):
+    """Marks a field added in format `version` (see the module docstring): it ends its struct, and a
+    reader gives it `default` ("", [], 0 or False) where the blob's version or the struct ends
+    before it."""
+    return ("added", version, default)
 
 
 # A name must be non-empty; text may be empty. Neither may hold NUL (C++ consumers stop there).
@@ -162,7 +190,22 @@ STRUCTS = [
             # per token of the step) that the runtime fills before each run with the slots the step
             # writes, (position + i) mod window: the modulo is the runtime's, never the model's.
             # Empty for flat caches. Ring layers of one window may share it.
-            ("slots_binding", TEXT),
+            ("slots_binding", TEXT, added(2, "")),
+        ],
+    ),
+    (
+        "Constant",
+        [
+            # A tensor the engine takes as a constant, by the engine's name for it (AOTInductor: the
+            # weight's fully qualified name), read from ExecuTorch's named data entry `key`, which
+            # holds the tensor's storage from its first byte. sizes, strides and storage_offset (in
+            # elements) place the tensor in that storage.
+            ("name", NAME),
+            ("key", NAME),
+            ("dtype", enum("DType")),
+            ("sizes", list_of("i64")),
+            ("strides", list_of("i64")),
+            ("storage_offset", "i64"),
         ],
     ),
     (
@@ -180,7 +223,12 @@ STRUCTS = [
             # each run with the step's positions, [length, length + step) from the committed length,
             # or only the first of them when it holds one element; the caller's tensor supplies the
             # shape, never the values. Required with kv_layers, empty without.
-            ("positions_binding", TEXT),
+            ("positions_binding", TEXT, added(2, "")),
+            # The key of ExecuTorch's named data entry that holds the engine (a TensorRT plan);
+            # empty when the engine is the blob's payload.
+            ("engine_key", TEXT, added(3, "")),
+            # The engine's constants (AOTInductor: its weights), each read from named data at init.
+            ("constants", list_of("Constant"), added(3, [])),
         ],
     ),
 ]

@@ -7,6 +7,7 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <mutex>
 #include <set>
 #include <string>
@@ -35,6 +36,8 @@ class CountingDeviceOps final : public DeviceOps {
     int streams_destroyed = 0;
     int allocations_live = 0;
     int fail_async_allocation_in = 0;  // n > 0: the n-th AllocateAsync from now fails
+    // An allocation of more bytes fails, as on a device with this much memory.
+    size_t capacity = std::numeric_limits<size_t>::max();
     std::set<const void*> device_memory;  // what IsDeviceMemory accepts besides allocations
     std::mutex mutex;                     // held by every operation
   };
@@ -129,6 +132,10 @@ class CountingDeviceOps final : public DeviceOps {
 
  private:
   Status AllocateLocked(size_t bytes, void** data) {
+    if (bytes > record_->capacity) {
+      return Status(executorch::runtime::Error::MemoryAllocationFailed,
+                    "counting device: " + std::to_string(bytes) + " bytes exceed its capacity");
+    }
     *data = std::malloc(bytes == 0 ? 1 : bytes);
     record_->device_memory.insert(*data);
     ++record_->allocations_live;

@@ -7,8 +7,12 @@
 #include <cstring>
 #include <exception>
 #include <map>
+#include <memory>
+#include <mutex>
+#include <set>
 #include <sstream>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -50,8 +54,8 @@ at::ScalarType ToTorch(blob::DType dtype) {
   return static_cast<at::ScalarType>(*blob::ScalarTypeCode(dtype));
 }
 
-// Writes the payload where AOTIModelPackageLoader can open it (it takes a path) and removes it
-// once loaded: the loader extracts what it needs into a directory of its own.
+// Writes the payload (kernel code) where AOTIModelPackageLoader can open it (it takes a path) and
+// removes it once loaded: the loader extracts what it needs into a directory of its own.
 class PayloadFile {
  public:
   Status Write(const uint8_t* data, size_t size) {
@@ -80,9 +84,72 @@ class PayloadFile {
   std::string path_;
 };
 
+// A named data entry as an engine's constants read it.
+struct Entry {
+  std::optional<FreeableBuffer> mapped;  // a host engine's constants view these bytes
+  at::Tensor bytes;                      // uint8 [size], on the engine's device
+};
+
+// The entry `key` of `named_data` on `device`. On the CPU, the bytes the NamedDataMap hands out
+// (mapped by ExecuTorch's mmap data loader), owned by this engine: they belong to its program's
+// data loader. On a CUDA device, a copy shared by every engine of the process that reads the key
+// (a program's prefill and decode delegates): copied there once while any engine holds it. Keys
+// are the content's hash (zerokv/<sha256>, py/zerokv/aoti), so equal keys are equal bytes.
+Status AcquireEntry(const NamedDataMap* named_data, const std::string& key, const std::string& what,
+                    const at::Device& device, std::shared_ptr<Entry>* entry) {
+  auto read = [&](std::shared_ptr<Entry>* created) {
+    *created = std::make_shared<Entry>();
+    ZEROKV_RETURN_IF_ERROR(GetNamedData(named_data, key, what, &(*created)->mapped));
+    (*created)->bytes = at::from_blob(const_cast<void*>((*created)->mapped->data()),
+                                      {static_cast<int64_t>((*created)->mapped->size())}, at::kByte);
+    return Status::Ok();
+  };
+  if (device.is_cpu()) return read(entry);
+
+  static std::mutex mutex;
+  static auto* shared = new std::map<std::string, std::weak_ptr<Entry>>();
+  std::lock_guard<std::mutex> lock(mutex);
+  const std::string id = device.str() + "/" + key;
+  if ((*entry = (*shared)[id].lock())) return Status::Ok();
+  std::shared_ptr<Entry> created;
+  ZEROKV_RETURN_IF_ERROR(read(&created));
+  try {
+    created->bytes = created->bytes.to(device);
+  } catch (const std::exception& error) {
+    return Internal(what + ": copying named data entry '" + key + "' to " + device.str() + " failed: " +
+                    error.what());
+  }
+  created->mapped.reset();  // on the device now: the host bytes can go
+  for (auto it = shared->begin(); it != shared->end();) {
+    it = it->second.expired() ? shared->erase(it) : std::next(it);
+  }
+  (*shared)[id] = created;
+  *entry = std::move(created);
+  return Status::Ok();
+}
+
+// Bytes from the storage's start to the end of the last element a view reaches, or false when
+// that overflows. A view with a zero extent reaches nothing.
+bool ViewBytes(const blob::Constant& constant, size_t element_size, uint64_t* bytes) {
+  uint64_t last = static_cast<uint64_t>(constant.storage_offset);
+  for (size_t d = 0; d < constant.sizes.size(); ++d) {
+    if (constant.sizes[d] == 0) {
+      *bytes = 0;
+      return true;
+    }
+    uint64_t reach = 0;
+    if (__builtin_mul_overflow(static_cast<uint64_t>(constant.sizes[d] - 1),
+                               static_cast<uint64_t>(constant.strides[d]), &reach) ||
+        __builtin_add_overflow(last, reach, &last)) {
+      return false;
+    }
+  }
+  return !__builtin_add_overflow(last, 1, &last) && !__builtin_mul_overflow(last, element_size, bytes);
+}
+
 class AotiEngine final : public Engine {
  public:
-  Status Load(const blob::Blob& blob) {
+  Status Load(const blob::Blob& blob, const NamedDataMap* named_data) {
     PayloadFile file;
     ZEROKV_RETURN_IF_ERROR(file.Write(blob.payload, blob.payload_size));
 #ifdef ZEROKV_WITH_CUDA
@@ -111,7 +178,7 @@ class AotiEngine final : public Engine {
     }
 #endif
     device_index_ = device_ == ComputeDevice::kCuda ? blob.device_id : -1;
-    return Status::Ok();
+    return LoadConstants(blob, named_data);
   }
 
   ComputeDevice compute_device() const override { return device_; }
@@ -143,9 +210,7 @@ class AotiEngine final : public Engine {
   }
 
   Status Enqueue(StreamHandle stream) override {
-    const at::Device device = device_ == ComputeDevice::kCuda
-                                  ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index_))
-                                  : at::Device(at::kCPU);
+    const at::Device device = TorchDevice();
     std::vector<at::Tensor> inputs;
     for (Slot& slot : slots_) {
       if (slot.direction != blob::Direction::kInput) continue;
@@ -202,6 +267,66 @@ class AotiEngine final : public Engine {
       if (slot.name == name) return &slot;
     }
     return nullptr;
+  }
+
+  at::Device TorchDevice() const {
+    return device_ == ComputeDevice::kCuda
+               ? at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(device_index_))
+               : at::Device(at::kCPU);
+  }
+
+  // Gives the package its constants: every one it has, from the blob's named data (format 2 on).
+  Status LoadConstants(const blob::Blob& blob, const NamedDataMap* named_data) {
+    if (blob.format_version < 2) return Status::Ok();  // the package's code holds its weights
+    std::map<std::string, at::ScalarType> package;  // FQN -> dtype
+    torch::inductor::AOTIModelContainerRunner* runner = loader_->get_runner();
+    const auto dtypes = runner->getConstantNamesToDtypes();
+    for (const auto& [name, fqn] : runner->getConstantNamesToOriginalFQNs()) {
+      package.emplace(fqn, static_cast<at::ScalarType>(dtypes.at(name)));
+    }
+    std::set<std::string> listed;
+    for (const blob::Constant& constant : blob.metadata.constants) listed.insert(constant.name);
+    for (const auto& [fqn, dtype] : package) {
+      if (listed.count(fqn) == 0) {
+        return InvalidProgram("the AOTInductor package needs constant '" + fqn +
+                              "', which the blob's constants do not list");
+      }
+    }
+    std::unordered_map<std::string, at::Tensor> tensors;
+    for (const blob::Constant& constant : blob.metadata.constants) {
+      const std::string what = "constant '" + constant.name + "'";
+      auto expected = package.find(constant.name);
+      if (expected == package.end()) {
+        return InvalidProgram("the blob lists " + what + ", which the AOTInductor package does not have");
+      }
+      const at::ScalarType dtype = ToTorch(constant.dtype);
+      if (expected->second != dtype) {
+        return InvalidProgram(what + " is " + blob::ToString(constant.dtype) + " in the blob but " +
+                              c10::toString(expected->second) + " in the AOTInductor package");
+      }
+      std::shared_ptr<Entry> entry;
+      ZEROKV_RETURN_IF_ERROR(AcquireEntry(named_data, constant.key, what, TorchDevice(), &entry));
+      const size_t element_size = c10::elementSize(dtype);
+      const uint64_t stored = static_cast<uint64_t>(entry->bytes.numel());
+      uint64_t reached = 0;
+      if (stored % element_size != 0 || !ViewBytes(constant, element_size, &reached) || reached > stored) {
+        return InvalidProgram(what + ": its named data entry '" + constant.key + "' holds " +
+                              std::to_string(stored) + " bytes, which its sizes, strides and offset (" +
+                              blob::ToString(constant.dtype) + ") do not fit in");
+      }
+      tensors.emplace(constant.name, entry->bytes.view(dtype).as_strided(
+                                         constant.sizes, constant.strides, constant.storage_offset));
+      entries_.push_back(std::move(entry));
+    }
+    try {
+      // User-managed: the package runs on these tensors, which this engine keeps alive.
+      loader_->load_constants(tensors, /*use_inactive=*/false, /*check_full_update=*/true,
+                              /*user_managed=*/true);
+    } catch (const std::exception& error) {
+      return InvalidProgram(std::string("the AOTInductor package refuses its constants: ") + error.what());
+    }
+    constants_ = std::move(tensors);
+    return Status::Ok();
   }
 
   Status ReadBindings(const std::map<std::string, std::string>& metadata) {
@@ -281,6 +406,8 @@ class AotiEngine final : public Engine {
   std::vector<Slot> slots_;
   std::map<std::string, std::string> aliases_;
   std::unique_ptr<torch::inductor::AOTIModelPackageLoader> loader_;
+  std::vector<std::shared_ptr<Entry>> entries_;  // what the constants view
+  std::unordered_map<std::string, at::Tensor> constants_;
   std::vector<at::Tensor> outputs_;
 };
 
@@ -288,9 +415,10 @@ const bool registered = RegisterEngineFactory(blob::EngineKind::kAoti, CreateAot
 
 }  // namespace
 
-Status CreateAotiEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine) {
+Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,
+                        std::unique_ptr<Engine>* engine) {
   auto created = std::make_unique<AotiEngine>();
-  ZEROKV_RETURN_IF_ERROR(created->Load(blob));
+  ZEROKV_RETURN_IF_ERROR(created->Load(blob, named_data));
   *engine = std::move(created);
   return Status::Ok();
 }

@@ -194,14 +194,26 @@ class TensorRtEngine final : public Engine {
     runtime_.reset();
   }
 
-  Status Load(const blob::Blob& blob) {
+  Status Load(const blob::Blob& blob, const NamedDataMap* named_data) {
+    if (!blob.metadata.constants.empty()) {
+      return InvalidProgram("the blob lists constants, which a TensorRT engine does not take (its plan "
+                            "holds its weights)");
+    }
+    // Since format version 2 the plan is named data (it holds the weights); before, the payload.
+    std::optional<FreeableBuffer> plan;
+    if (!blob.metadata.engine_key.empty()) {
+      ZEROKV_RETURN_IF_ERROR(GetNamedData(named_data, blob.metadata.engine_key, "the TensorRT plan", &plan));
+    }
+    const void* plan_data = plan ? plan->data() : blob.payload;
+    const size_t plan_size = plan ? plan->size() : blob.payload_size;
     device_ = blob.device_id;
     ScopedDevice device(device_);
     ZEROKV_RETURN_IF_ERROR(device.status(device_));
     runtime_.reset(nvinfer1::createInferRuntime(TheLogger()));
     if (!runtime_) return Internal("createInferRuntime failed");
     runtime_->setErrorRecorder(&recorder_);
-    engine_.reset(runtime_->deserializeCudaEngine(blob.payload, blob.payload_size));
+    // Deserialized from the mapped bytes, which can go once the engine is built.
+    engine_.reset(runtime_->deserializeCudaEngine(plan_data, plan_size));
     if (!engine_) {
       return recorder_.Annotate(InvalidProgram("the TensorRT payload does not deserialize"));
     }
@@ -396,9 +408,10 @@ const bool registered = RegisterEngineFactory(blob::EngineKind::kTensorrt, Creat
 
 }  // namespace
 
-Status CreateTensorRtEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine) {
+Status CreateTensorRtEngine(const blob::Blob& blob, const NamedDataMap* named_data,
+                            std::unique_ptr<Engine>* engine) {
   auto created = std::make_unique<TensorRtEngine>();
-  ZEROKV_RETURN_IF_ERROR(created->Load(blob));
+  ZEROKV_RETURN_IF_ERROR(created->Load(blob, named_data));
   *engine = std::move(created);
   return Status::Ok();
 }

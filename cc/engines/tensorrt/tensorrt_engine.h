@@ -1,5 +1,7 @@
 // The TensorRT engine kind: a thin adapter over the TensorRT C++ runtime API (TensorRT 10.15 or
-// newer, checked when it compiles). The blob's payload is a serialized engine (plan); bindings,
+// newer, checked when it compiles). The serialized engine (plan) is the named data entry the blob's
+// engine_key names (format version 2 on; the blob's payload before), deserialized from the mapped
+// bytes, which are released once TensorRT has built the engine; bindings,
 // shapes and aliases are TensorRT's own:
 //   deserializeCudaEngine, getIOTensorName/getTensorIOMode/getTensorDataType,
 //   getAliasedInputTensor, setOptimizationProfileAsync, setInputShape, setTensorAddress,
@@ -24,6 +26,7 @@
 
 namespace zerokv::engines {
 
-Status CreateTensorRtEngine(const blob::Blob& blob, std::unique_ptr<Engine>* engine);
+Status CreateTensorRtEngine(const blob::Blob& blob, const NamedDataMap* named_data,
+                            std::unique_ptr<Engine>* engine);
 
 }  // namespace zerokv::engines

@@ -29,9 +29,12 @@
 #include <optional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
+#include <executorch/extension/data_loader/mmap_data_loader.h>
+#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/platform/runtime.h>
@@ -125,7 +128,7 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
         "tokens.bin / reference.bin do not match shape.txt");
   if (failures) return 1;
 
-  Module module(dir + "/kv_decode.pte");
+  Module module(dir + "/kv_decode.pte", dir + "/kv_decode.ptd", Module::LoadMode::Mmap);
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double min_cosine = 1, max_error = 0;
@@ -173,12 +176,26 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
 // outputs bound to their inputs: one decode step is Enqueue + synchronize.
 class BareEngine {
  public:
-  BareEngine(const std::string& path, int64_t position) : bytes_(ReadFile<uint8_t>(path)) {
+  // `path`: the blob; `data_path`: the program's .ptd, where the blob's weights are.
+  BareEngine(const std::string& path, const std::string& data_path, int64_t position)
+      : bytes_(ReadFile<uint8_t>(path)) {
     if (auto error = zerokv::blob::Parse(bytes_.data(), bytes_.size(), &blob_)) {
       std::fprintf(stderr, "%s: not a zerokv blob\n", path.c_str());
       std::exit(1);
     }
-    auto status = zerokv::engines::CreateEngine(blob_, &engine_);
+    auto loader = executorch::extension::MmapDataLoader::from(data_path.c_str());
+    if (!loader.ok()) {
+      std::fprintf(stderr, "%s: cannot be mapped\n", data_path.c_str());
+      std::exit(1);
+    }
+    loader_.emplace(std::move(*loader));
+    auto named_data = executorch::extension::FlatTensorDataMap::load(&*loader_);
+    if (!named_data.ok()) {
+      std::fprintf(stderr, "%s: not a .ptd\n", data_path.c_str());
+      std::exit(1);
+    }
+    named_data_.emplace(std::move(*named_data));
+    auto status = zerokv::engines::CreateEngine(blob_, &*named_data_, &engine_);
     if (!status.ok()) {
       std::fprintf(stderr, "%s: engine: %s\n", path.c_str(), status.message().c_str());
       std::exit(1);
@@ -228,6 +245,8 @@ class BareEngine {
   }
   std::vector<uint8_t> bytes_;
   zerokv::blob::Blob blob_;
+  std::optional<executorch::extension::MmapDataLoader> loader_;
+  std::optional<executorch::extension::FlatTensorDataMap> named_data_;
   std::unique_ptr<zerokv::engines::Engine> engine_;
   std::map<std::string, void*> address_;
   std::vector<void*> owned_;
@@ -248,8 +267,9 @@ int Bench(const std::string& dir, const std::vector<int64_t>& contexts) {
   std::printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (int64_t context : contexts) {
     const std::string base = dir + "/" + std::to_string(context);
-    Module zero_copy(base + "/zero_copy.pte"), staged(base + "/staged.pte");
-    BareEngine bare(base + "/engine.blob", context / 2);
+    Module zero_copy(base + "/zero_copy.pte", base + "/zero_copy.ptd", Module::LoadMode::Mmap);
+    Module staged(base + "/staged.pte", base + "/staged.ptd", Module::LoadMode::Mmap);
+    BareEngine bare(base + "/engine.blob", base + "/zero_copy.ptd", context / 2);
     std::vector<double> times[3];
     uint64_t bytes[2] = {0, 0};
     int64_t position = context / 2;

@@ -1,9 +1,16 @@
 """The AOTInductor engine kind: compile a partition into the payload the C++ AOTI engine runs.
 
     build = compile_aoti(exported_program, example_inputs, device="cpu")
-    build.payload, build.bindings, build.aliased_io   # -> zerokv.blob.Blob(engine_kind=AOTI, ...)
+    build.payload, build.bindings, build.aliased_io, build.constants  # -> zerokv.blob.Blob(engine_kind=AOTI, ...)
+    build.named_data                                                    # -> ExecuTorch's named data (the weights)
 """
 
-from zerokv.aoti.compile import AotiCompileError, EngineBuild, compile_aoti
+from zerokv.aoti.compile import (
+    NAMED_DATA_ALIGNMENT,
+    AotiCompileError,
+    EngineBuild,
+    compile_aoti,
+    named_data_key,
+)
 
-__all__ = ["AotiCompileError", "EngineBuild", "compile_aoti"]
+__all__ = ["NAMED_DATA_ALIGNMENT", "AotiCompileError", "EngineBuild", "compile_aoti", "named_data_key"]

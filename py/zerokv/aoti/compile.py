@@ -15,17 +15,27 @@ Engine binding order: inputs in the graph's placeholder order, then the aliased 
 order torch.export lists the mutations), then the returned outputs. The same table goes into the
 package's AOTInductor metadata (zerokv.bindings / zerokv.aliases / zerokv.device), which the C++
 engine reports back so the runtime can check the blob against it.
+
+Weights. The package holds the compiled code only (aot_inductor.package_constants_in_so=False): each
+constant AOTInductor keeps (its weights, by fully qualified name) becomes a blob.Constant whose
+storage goes to ExecuTorch's named data under a key that is its content's hash, so that delegates
+sharing a weight (prefill and decode) share one entry. The C++ engine hands the mapped bytes to
+the package (AOTIModelPackageLoader::load_constants, user-managed): no weight is copied into the
+package, the blob or a temporary file.
 """
 
 import dataclasses
+import hashlib
 import os
 import tempfile
 from typing import Optional, Sequence, Union
 
 import torch
+from torch._inductor.package import package_aoti
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.export.passes import move_to_device_pass  # torch 2.11 does not import it with torch.export
+from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
@@ -37,13 +47,25 @@ class AotiCompileError(ZeroKVError, ValueError):
     or output at fault and what to change."""
 
 
+# Named data entries are aligned for the engines' vector loads (AOTInductor aligns constants to 64).
+NAMED_DATA_ALIGNMENT = 64
+
+
 @dataclasses.dataclass
 class EngineBuild:
-    """What `preprocess` puts in a blob of engine kind AOTI."""
+    """What `preprocess` puts in a blob, and what it adds to ExecuTorch's named data."""
 
-    payload: bytes
+    payload: bytes  # the engine code the blob carries; b"" when the engine is named data
     bindings: list
     aliased_io: list
+    named_data: dict = dataclasses.field(default_factory=dict)  # key -> bytes the engine reads at init
+    engine_key: str = ""  # the named data entry that is the engine (a TensorRT plan)
+    constants: list = dataclasses.field(default_factory=list)  # blob.Constant, keys of named_data
+
+
+def named_data_key(data) -> str:
+    """The key of an entry of ExecuTorch's named data: its content's hash, so equal data is one entry."""
+    return "zerokv/" + hashlib.sha256(data).hexdigest()
 
 
 def compile_aoti(
@@ -77,16 +99,50 @@ def compile_aoti(
         "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
         "zerokv.device": torch_device.type,
     }
+    args, kwargs = program.example_inputs
+    files = torch._inductor.aot_compile(
+        program.module(check_guards=False),
+        args,
+        kwargs,
+        options={
+            "aot_inductor.package": True,
+            "aot_inductor.metadata": metadata,
+            "aot_inductor.package_constants_in_so": False,
+            # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
+            "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+        },
+    )
+    build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
+    for weights in (f for f in files if isinstance(f, Weights)):
+        for name, (tensor, _) in weights.items():
+            _add_constant(build, name, tensor)
     with tempfile.TemporaryDirectory() as directory:
         path = os.path.join(directory, "engine.pt2")
-        torch._inductor.aoti_compile_and_package(
-            program,
-            package_path=path,
-            inductor_configs={"aot_inductor.metadata": metadata},
-        )
+        package_aoti(path, [f for f in files if isinstance(f, str)])
         with open(path, "rb") as package:
-            payload = package.read()
-    return EngineBuild(payload=payload, bindings=bindings, aliased_io=aliased_io)
+            build.payload = package.read()
+    return build
+
+
+def _add_constant(build, name, tensor):
+    """Adds `tensor`'s whole storage to build.named_data and its place in it to build.constants."""
+    if tensor.dtype not in BLOB_DTYPES:
+        raise AotiCompileError(f"constant {name!r} has dtype {tensor.dtype}, which the blob cannot express")
+    storage = tensor.untyped_storage()
+    if storage.device.type != "cpu":
+        storage = storage.cpu()
+    # A uint8 view of the storage; bytes(storage) would copy it one element at a time.
+    view = torch.empty(0, dtype=torch.uint8).set_(storage).numpy()
+    key = named_data_key(memoryview(view))
+    build.named_data.setdefault(key, view.tobytes())
+    build.constants.append(blob.Constant(
+        name=name,
+        key=key,
+        dtype=BLOB_DTYPES[tensor.dtype],
+        sizes=list(tensor.shape),
+        strides=list(tensor.stride()),
+        storage_offset=tensor.storage_offset(),
+    ))
 
 
 def _export(module, example_inputs, dynamic_shapes):

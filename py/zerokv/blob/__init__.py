@@ -1,7 +1,8 @@
 """The zerokv delegate blob: what `preprocess` writes and the C++ runtime reads.
 
     blob.serialize(Blob(...)) -> bytes        blob.parse(bytes) -> Blob
-Both raise BlobFormatError(code, field) for anything that breaks a rule of the format.
+Both raise BlobFormatError(code, field) for anything that breaks a rule of the format. parse reads
+every format version up to FORMAT_VERSION (tools/blob_schema/schema.py says how they evolve).
 """
 
 from zerokv.blob.codec import Blob, DelegateSignature, delegate_signature, parse, serialize
@@ -13,6 +14,7 @@ from zerokv.blob.format_generated import (
     AliasedIO,
     AliasKind,
     BlobFormatError,
+    Constant,
     Device,
     Dim,
     Direction,
@@ -34,6 +36,7 @@ __all__ = [
     "AliasedIO",
     "Blob",
     "BlobFormatError",
+    "Constant",
     "DType",
     "DelegateSignature",
     "Device",

@@ -38,7 +38,9 @@ class Blob:
     device_id: int
     aliased_outputs_elided: bool
     metadata: Metadata
-    payload: bytes
+    payload: bytes  # the engine code; empty when metadata.engine_key names the engine's named data
+    # The version the blob was written in (parse), or is to be written in (serialize).
+    format_version: int = FORMAT_VERSION
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,8 +96,6 @@ def _validate_header(header, blob_length):
         if offset > blob_length or size > blob_length - offset:
             _fail(ErrorCode.OUT_OF_RANGE, f"header.{name}_offset",
                   f"[{offset}, {offset} + {size}) lies outside the {blob_length}-byte blob")
-    if header.payload_size == 0:
-        _fail(ErrorCode.OUT_OF_RANGE, "header.payload_size", "the engine payload is empty")
     for name, offset, size in sections:
         if offset < HEADER_SIZE and size > 0:
             _fail(ErrorCode.OVERLAP, f"header.{name}_offset", f"{offset} overlaps the {HEADER_SIZE}-byte header")
@@ -108,7 +108,33 @@ def _validate_header(header, blob_length):
               f"{p_offset} is not a multiple of {PAYLOAD_ALIGNMENT}")
 
 
-def _validate_metadata(metadata, aliased_outputs_elided):
+def _validate_named_data(metadata, payload_size):
+    """The engine is the payload or a named data entry, never both; constants are placeable."""
+    if payload_size == 0 and not metadata.engine_key:
+        _fail(ErrorCode.OUT_OF_RANGE, "header.payload_size",
+              "the engine payload is empty and metadata.engine_key names no named data entry")
+    if payload_size and metadata.engine_key:
+        _fail(ErrorCode.BAD_NAMED_DATA, "metadata.engine_key",
+              f"'{metadata.engine_key}', but the engine is also the {payload_size}-byte payload")
+    names = set()
+    for i, constant in enumerate(metadata.constants):
+        field = f"metadata.constants[{i}]"
+        if constant.name in names:
+            _fail(ErrorCode.BAD_NAMED_DATA, f"{field}.name", f"'{constant.name}' is already a constant")
+        names.add(constant.name)
+        if len(constant.strides) != len(constant.sizes):
+            _fail(ErrorCode.BAD_NAMED_DATA, f"{field}.strides",
+                  f"{len(constant.strides)} strides for the {len(constant.sizes)} sizes of '{constant.name}'")
+        for role in ("sizes", "strides"):
+            for d, extent in enumerate(getattr(constant, role)):
+                if extent < 0:
+                    _fail(ErrorCode.BAD_NAMED_DATA, f"{field}.{role}[{d}]", f"{extent} is negative in '{constant.name}'")
+        if constant.storage_offset < 0:
+            _fail(ErrorCode.BAD_NAMED_DATA, f"{field}.storage_offset",
+                  f"{constant.storage_offset} is negative in '{constant.name}'")
+
+
+def _validate_metadata(metadata, aliased_outputs_elided, format_version):
     bindings = {}
     for i, binding in enumerate(metadata.bindings):
         field = f"metadata.bindings[{i}]"
@@ -179,7 +205,7 @@ def _validate_metadata(metadata, aliased_outputs_elided):
             _fail(ErrorCode.BAD_KV_MANIFEST, f"metadata.aliased_io[{i}].kind",
                   f"'{alias.input}' is runtime-owned, so its alias must be kv_cache_update")
 
-    _validate_runtime_indices(metadata, bindings, runtime_owned)
+    _validate_runtime_indices(metadata, bindings, runtime_owned, format_version)
     source = metadata.step_width_source
     if not metadata.kv_layers:
         if source:
@@ -199,8 +225,9 @@ def _validate_metadata(metadata, aliased_outputs_elided):
               f"dim {dim} of '{binding.name}', which has rank {len(binding.shape)}")
 
 
-def _validate_runtime_indices(metadata, bindings, runtime_owned):
-    """positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills."""
+def _validate_runtime_indices(metadata, bindings, runtime_owned, format_version):
+    """positions_binding and the ring layers' slots_binding: integer argument inputs the runtime fills
+    (from format version 2; a version 1 model reads the positions its caller gives)."""
     def check(name, field):
         binding = bindings.get(name)
         if binding is None or binding.direction != Direction.INPUT or name in runtime_owned:
@@ -212,6 +239,8 @@ def _validate_runtime_indices(metadata, bindings, runtime_owned):
     if not metadata.kv_layers:
         if positions:
             _fail(ErrorCode.BAD_POSITIONS_BINDING, "metadata.positions_binding", f"'{positions}' without a KV manifest")
+        return
+    if format_version < 2:
         return
     if not positions:
         _fail(ErrorCode.BAD_POSITIONS_BINDING, "metadata.positions_binding",
@@ -240,7 +269,7 @@ def _header_for(blob, metadata_size):
     payload_offset = -(-(metadata_offset + metadata_size) // PAYLOAD_ALIGNMENT) * PAYLOAD_ALIGNMENT
     return Header(
         magic=MAGIC,
-        format_version=FORMAT_VERSION,
+        format_version=blob.format_version,
         header_size=HEADER_SIZE,
         engine_kind=blob.engine_kind,
         aliased_outputs_elided=blob.aliased_outputs_elided,
@@ -255,11 +284,13 @@ def _header_for(blob, metadata_size):
 
 
 def serialize(blob):
-    """The bytes of `blob`; BlobFormatError if it breaks a rule (nothing invalid is ever written)."""
-    metadata = encode_metadata(blob.metadata)
+    """The bytes of `blob` in blob.format_version; BlobFormatError if it breaks a rule or that
+    version cannot hold it (nothing invalid is ever written)."""
+    metadata = encode_metadata(blob.metadata, blob.format_version)
     header = _header_for(blob, len(metadata))
     _validate_header(header, header.blob_size)
-    _validate_metadata(blob.metadata, blob.aliased_outputs_elided)
+    _validate_named_data(blob.metadata, header.payload_size)
+    _validate_metadata(blob.metadata, blob.aliased_outputs_elided, blob.format_version)
     padding = b"\0" * (header.payload_offset - HEADER_SIZE - len(metadata))
     return write_header(header) + metadata + padding + bytes(blob.payload)
 
@@ -269,12 +300,15 @@ def parse(data):
     data = bytes(data)
     header = read_header(data)
     _validate_header(header, len(data))
-    metadata = decode_metadata(data[header.metadata_offset:header.metadata_offset + header.metadata_size])
-    _validate_metadata(metadata, header.aliased_outputs_elided)
+    metadata = decode_metadata(data[header.metadata_offset:header.metadata_offset + header.metadata_size],
+                               header.format_version)
+    _validate_named_data(metadata, header.payload_size)
+    _validate_metadata(metadata, header.aliased_outputs_elided, header.format_version)
     return Blob(
         engine_kind=header.engine_kind,
         device_id=header.device_id,
         aliased_outputs_elided=header.aliased_outputs_elided,
         metadata=metadata,
         payload=data[header.payload_offset:header.payload_offset + header.payload_size],
+        format_version=header.format_version,
     )

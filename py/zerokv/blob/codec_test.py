@@ -113,3 +113,21 @@ def test_every_truncation_is_refused():
     for size in range(len(data)):
         with pytest.raises(BlobFormatError):
             blob.parse(data[:size])
+
+
+def test_constants_and_engine_key_round_trip():
+    original = _blob(payload=b"")
+    original.metadata.engine_key = "zerokv/plan"
+    original.metadata.constants = [blob.Constant("w", "zerokv/w", DType.BFLOAT16, [4, 2], [1, 4], 3)]
+    assert blob.parse(blob.serialize(original)) == original
+
+
+def test_an_older_version_is_written_only_without_the_fields_it_lacks():
+    old = _blob(format_version=1)
+    assert blob.parse(blob.serialize(old)) == old
+    old.metadata.constants = [blob.Constant("w", "zerokv/w", DType.FLOAT32, [2], [1], 0)]
+    with pytest.raises(BlobFormatError) as error:
+        blob.serialize(old)
+    assert error.value.code == ErrorCode.UNSUPPORTED_VERSION
+    assert error.value.field == "metadata.constants"
+    assert "format version 1 has no such field" in str(error.value)

@@ -1,7 +1,7 @@
 """ExecuTorch integration: the zerokv partitioner and backend, and zero-copy KV export."""
 
 from zerokv.errors import ZeroKVError
-from zerokv.executorch.api import export, save
+from zerokv.executorch.api import data_path, export, load_program, save
 from zerokv.executorch.backend import ZeroCopyError, ZeroKVBackend
 from zerokv.executorch.delegates import ALIASED_BUFFER, BACKEND_ID
 from zerokv.executorch.partitioner import ZeroKVPartitioner
@@ -19,6 +19,8 @@ __all__ = [
     "ZeroKVError",
     "ZeroKVPartitioner",
     "check_zero_copy_kv",
+    "data_path",
     "export",
+    "load_program",
     "save",
 ]

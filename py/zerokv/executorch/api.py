@@ -33,6 +33,7 @@ from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
 from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named, planned_for
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import RuntimeKV, detach_runtime_kv, mark_runtime_kv
+from zerokv.executorch.specs import NAMED_DATA_TAG
 from zerokv.executorch.zero_copy import (
     UnstageAliasedBuffers,
     check_zero_copy_kv,
@@ -66,6 +67,7 @@ def export(
     other_partitioners=(),
     runtime_kv: RuntimeKV | None = None,
     constant_methods: dict | None = None,
+    named_data: str = "ptd",
 ):
     """Lowers `programs` to an ExecuTorch program whose zerokv delegates run on `device`.
 
@@ -85,6 +87,8 @@ def export(
       constant_methods: {method name: value} written as methods that return the value (e.g.
         get_max_seq_len, get_vocab_size, use_kv_cache: the metadata ExecuTorch's LLM runners read);
         a name may not be one of `programs`' methods.
+      named_data: where the delegates' weights and TensorRT plans go (ExecuTorch named data): "ptd", a
+        data file that `save` writes beside the .pte, or "pte", the .pte's own named data segment.
 
     Returns:
       The finalized ExecutorchProgramManager. With zero_copy_kv it has passed check_zero_copy_kv.
@@ -95,7 +99,7 @@ def export(
         RuntimeKVError, EngineBuildError (the engine cannot build a delegate; names the method).
     """
     programs = _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config,
-                                  engine_options, other_partitioners, runtime_kv, constant_methods)
+                                  engine_options, other_partitioners, runtime_kv, constant_methods, named_data)
     adapter = engine_named(engine, **(engine_options or {}))
     prepared = {}
     declined = {}
@@ -115,7 +119,7 @@ def export(
     partitioners = {
         method: [
             ZeroKVPartitioner(engine, device, method, zero_copy_kv, engine_options, _marks(program),
-                              program.range_constraints),
+                              program.range_constraints, named_data),
             *(KeepingZeroKVOps(other) for other in other_partitioners),
         ]
         for method, program in prepared.items()
@@ -191,7 +195,7 @@ def _shares_mutable_buffers(config):
 
 
 def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, compile_config, engine_options,
-                       other_partitioners, runtime_kv, constant_methods):
+                       other_partitioners, runtime_kv, constant_methods, named_data):
     """{method: ExportedProgram}, after refusing any bad argument with a ZeroKVError naming it."""
     if isinstance(programs, torch.export.ExportedProgram):
         programs = {"forward": programs}
@@ -203,6 +207,7 @@ def _checked_arguments(programs, engine, device, zero_copy_kv, backend_config, c
             raise ZeroKVError(f"method '{method}': expected an ExportedProgram, got {type(program).__name__}")
     engine_module(engine).options_to_specs({} if engine_options is None else engine_options)
     specs.parse_device(device)
+    specs.parse_named_data(named_data)
     if not isinstance(zero_copy_kv, bool):
         raise ZeroKVError(f"zero_copy_kv: expected a bool, got {zero_copy_kv!r}")
     for name, value, expected, described in (
@@ -255,15 +260,35 @@ def _has_zero_copy(manager) -> bool:
     return False
 
 
+def data_path(path: str) -> str:
+    """Where `save` writes the named data of the .pte at `path`: beside it, as <name>.ptd."""
+    return os.path.splitext(path)[0] + ".ptd"
+
+
 def save(manager, path: str):
-    """Writes the .pte of `manager` to `path`, after check_zero_copy_kv when it has zero-copy
-    delegates. The file is written whole or not at all (an existing file is never left truncated)."""
+    """Writes the .pte of `manager` to `path`, and its named data kept outside the .pte (exported
+    with named_data="ptd", the default) to data_path(path), after check_zero_copy_kv when it has
+    zero-copy delegates. Load both: load_program(path) in Python, Module(path, data_path(path)) in
+    C++. Each file is written whole or not at all (an existing file is never left truncated), the
+    data file first; a data file an earlier save left beside `path` goes when this program has none.
+    Returns the paths written."""
     if not isinstance(manager, ExecutorchProgramManager):
         raise ZeroKVError(f"manager: expected the ExecutorchProgramManager zerokv.executorch.export returns, "
                           f"got {type(manager).__name__}")
     if _has_zero_copy(manager):
         check_zero_copy_kv(manager)
     directory = os.path.dirname(os.path.abspath(path))
+    written = []
+    with tempfile.TemporaryDirectory(dir=directory, prefix=".zerokv-") as data_dir:
+        manager.write_tensor_data_to_file(data_dir)
+        for name in sorted(os.listdir(data_dir)):
+            if name != f"{specs.NAMED_DATA_TAG}.ptd":
+                raise ZeroKVError(f"the program keeps named data '{name}' of another backend outside the .pte; "
+                                  "zerokv.save writes only zerokv's")
+            os.replace(os.path.join(data_dir, name), data_path(path))
+            written.append(data_path(path))
+    if not written and os.path.exists(data_path(path)):
+        os.unlink(data_path(path))
     with tempfile.NamedTemporaryFile(dir=directory, prefix=".zerokv-", delete=False) as out:
         try:
             manager.write_to_file(out)
@@ -271,3 +296,13 @@ def save(manager, path: str):
             os.unlink(out.name)
             raise
     os.replace(out.name, path)
+    return [path, *written]
+
+
+def load_program(path: str):
+    """The executorch.runtime Program at `path`, with the data file `save` wrote beside it, if any.
+    Load the zerokv backend library first (see README.md)."""
+    from executorch.runtime import Runtime
+
+    data = data_path(path)
+    return Runtime.get().load_program(path, data_path=data if os.path.exists(data) else None)

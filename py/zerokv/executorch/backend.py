@@ -4,14 +4,20 @@ The delegate's program is compiled by its engine (compile spec `zerokv.engine`).
 that zero_copy.py promised in-place writes for are marked on their placeholders; the engine must
 report each of them as aliased, the blob records the aliased I/O and that the aliased outputs are
 elided, and anything short of that refuses the export: a write is never silently dropped.
+
+The blob carries metadata and engine code only. Weights and plans go to ExecuTorch's named data
+(PreprocessResult.data_store_output), in a .ptd beside the .pte or in the .pte's own segment
+(compile spec `zerokv.named_data`); the runtime reads them through the NamedDataMap at init.
 """
 
 from __future__ import annotations
 
+from executorch.exir._serialize._named_data_store import NamedDataStore
 from executorch.exir.backend.backend_details import BackendDetails, PreprocessResult
 from torch.export.graph_signature import InputKind
 
 from zerokv import blob
+from zerokv.aoti import NAMED_DATA_ALIGNMENT
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
 from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
@@ -40,6 +46,7 @@ class ZeroKVBackend(BackendDetails):
         device_index = specs.parse_device(device)
         method = specs.read(compile_specs, specs.METHOD, "forward")
         zero_copy_kv = specs.read(compile_specs, specs.ZERO_COPY_KV, "0") == "1"
+        named_data_place = specs.parse_named_data(specs.read(compile_specs, specs.NAMED_DATA, "ptd"))
 
         signature = edge_program.graph_signature
         user_inputs = [spec.arg.name for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
@@ -87,6 +94,8 @@ class ZeroKVBackend(BackendDetails):
             kv_layers=manifest_layers(runtime_owned, build.bindings, delegate),
             step_width_source=step_width_source(runtime_owned, arguments, delegate),
             positions_binding=positions_binding(runtime_owned, arguments, delegate),
+            engine_key=build.engine_key,
+            constants=build.constants,
         )
         delegate_signature = blob.delegate_signature(metadata, elided)
         # The writes of runtime-owned caches leave the delegate's outputs after lowering (runtime_kv).
@@ -103,7 +112,11 @@ class ZeroKVBackend(BackendDetails):
             metadata=metadata,
             payload=build.payload,
         ))
-        return PreprocessResult(processed_bytes=processed)
+        store = NamedDataStore()
+        tag = specs.NAMED_DATA_TAG if named_data_place == "ptd" else None
+        for key, data in build.named_data.items():
+            store.add_named_data(key, data, alignment=NAMED_DATA_ALIGNMENT, external_tag=tag)
+        return PreprocessResult(processed_bytes=processed, data_store_output=store.get_named_data_store_output())
 
 
 def _returned_writes(edge_program, caches):

@@ -6,7 +6,7 @@ It sits below engines.py, which holds the engine kinds, so that their modules ne
 
 from __future__ import annotations
 
-from zerokv.aoti import EngineBuild  # EngineBuild: payload, bindings, aliased_io
+from zerokv.aoti import EngineBuild  # EngineBuild: payload, bindings, aliased_io, named data
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 

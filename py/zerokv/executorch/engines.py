@@ -3,7 +3,8 @@
 An engine adapter answers three questions for the partitioner and `preprocess`:
   supports(node)             can the engine run this FX node?
   alias_decline(write, ...)  can the engine write this KV cache update in place? None, or the reason
-  build(program, ...)        compile the delegate's program: payload, I/O bindings, aliased I/O
+  build(program, ...)        compile the delegate's program: engine code, I/O bindings, aliased I/O,
+                             and the named data (weights, plans) the blob refers to by key
 
 `build` is told which inputs are caller-owned buffers whose writes were promised to land in place
 (`aliased_inputs`, placeholder name -> buffer). The blob records what the engine itself reports as

@@ -2,8 +2,9 @@
 
     make_test_programs.py ZERO_COPY.pte STAGED.pte
 Both are a decode step of zerokv.tensorrt.testing_models.TinyDecoder (fixed seed), compiled for the
-CPU and delegated to cuda:0 (run over a host-memory device allocator): one with zero-copy KV, one
-with plain ExecuTorch staging and copy-back.
+CPU and delegated to cuda:0 (run over a host-memory device allocator): one with zero-copy KV and its
+weights in a data file beside it (ZERO_COPY.ptd, the default), one with plain ExecuTorch staging and
+copy-back and its weights in the .pte (named_data="pte").
 """
 
 import sys
@@ -22,7 +23,8 @@ def main():
     zero_copy_path, staged_path = sys.argv[1:]
     options = {"compile_device": "cpu"}
     zx.save(zx.export(decode_program(), engine="aoti", engine_options=options), zero_copy_path)
-    staged = zx.export(decode_program(), engine="aoti", engine_options=options, zero_copy_kv=False)
+    staged = zx.export(decode_program(), engine="aoti", engine_options=options, zero_copy_kv=False,
+                       named_data="pte")
     zx.save(staged, staged_path)
 
 

@@ -48,11 +48,14 @@ class ZeroKVPartitioner(Partitioner):
         caches) reach `preprocess`, since ExecuTorch's re-tracing drops user inputs' meta.
       export_ranges: the range constraints of the method's torch.export program, which the Edge
         program narrows (see _restore_export_ranges); the delegates' engines are built over these.
+      named_data: where the delegates' weights and plans go: "ptd" (a data file beside the .pte) or
+        "pte" (the .pte's named data segment).
     """
 
     def __init__(self, engine="aoti", device="cuda:0", method="forward", zero_copy_kv=False, engine_options=None,
-                 placeholder_marks=None, export_ranges=None):
+                 placeholder_marks=None, export_ranges=None, named_data="ptd"):
         specs.parse_device(device)
+        specs.parse_named_data(named_data)
         option_specs = _engine_option_specs(engine, engine_options)
         self.engine_name = engine
         self.engine = engine_named(engine, **(engine_options or {}))
@@ -65,6 +68,7 @@ class ZeroKVPartitioner(Partitioner):
                 CompileSpec(specs.ENGINE, engine.encode()),
                 CompileSpec(specs.METHOD, method.encode()),
                 CompileSpec(specs.ZERO_COPY_KV, b"1" if zero_copy_kv else b"0"),
+                CompileSpec(specs.NAMED_DATA, named_data.encode()),
                 *option_specs,
             ],
         )

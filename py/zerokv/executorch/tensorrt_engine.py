@@ -11,6 +11,7 @@ import json
 from executorch.exir.backend.compile_spec_schema import CompileSpec
 
 from zerokv import blob
+from zerokv.aoti import named_data_key
 from zerokv.errors import ZeroKVError
 from zerokv.executorch import specs
 from zerokv.executorch.engine_build import EngineBuild, blob_dtype, check_option_names
@@ -65,4 +66,7 @@ def build(program, aliased_inputs, device: str, profiles) -> EngineBuild:
         for binding in lowered.io_bindings
     ]
     aliased_io = [blob.AliasedIO(a.output, a.input, blob.AliasKind.KV_CACHE_UPDATE) for a in lowered.aliased_io]
-    return EngineBuild(payload=lowered.serialized_plan, bindings=bindings, aliased_io=aliased_io)
+    # The plan holds the weights: all of it is named data, and the blob keeps only its key.
+    key = named_data_key(lowered.serialized_plan)
+    return EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io,
+                       named_data={key: lowered.serialized_plan}, engine_key=key)

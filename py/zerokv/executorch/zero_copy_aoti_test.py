@@ -15,13 +15,13 @@ TESTING.zerokv_testing_bound_address.argtypes = [ctypes.c_char_p]
 TESTING.zerokv_in_host_device_planned_memory.argtypes = [ctypes.c_void_p]
 TESTING.zerokv_host_to_device_bytes.restype = ctypes.c_uint64
 TESTING.zerokv_device_to_host_bytes.restype = ctypes.c_uint64
-from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
+import zerokv.executorch as zx  # noqa: E402  (the backend must be registered first)
 
 PROGRAMS = {"zero_copy": os.environ["ZERO_COPY_PTE"], "staged": os.environ["STAGED_PTE"]}
 
 
 def _method(kind):
-    return Runtime.get().load_program(PROGRAMS[kind]).load_method("forward")
+    return zx.load_program(PROGRAMS[kind]).load_method("forward")
 
 
 def _eager_steps(steps):
@@ -72,3 +72,19 @@ def test_the_engine_writes_through_the_device_planned_cache():
         written = TESTING.zerokv_testing_bound_address(f"{cache}_out".encode())
         assert written and written == TESTING.zerokv_testing_bound_address(cache.encode())
         assert TESTING.zerokv_in_host_device_planned_memory(written) == 1, f"{cache} is not in the planned arena"
+
+
+def _file(path):
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def test_weights_are_named_data_beside_the_pte_or_in_it_when_asked():
+    # The LM head's weight, byte for byte: in the data file beside the zero-copy program and not in
+    # its .pte (whose delegate blob holds metadata and kernels only); in the staged program's .pte,
+    # exported with named_data="pte".
+    weight = tm.TinyDecoder(tm.arange_plus_offset).lm_head.weight.detach().numpy().tobytes()
+    assert weight in _file(zx.data_path(PROGRAMS["zero_copy"]))
+    assert weight not in _file(PROGRAMS["zero_copy"])
+    assert weight in _file(PROGRAMS["staged"])
+    assert not os.path.exists(zx.data_path(PROGRAMS["staged"]))

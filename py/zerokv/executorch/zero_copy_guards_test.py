@@ -83,6 +83,7 @@ def test_every_refusal_type_is_a_zerokv_error(error):
     ({"engine": "onnx"}, r"engine: unknown engine 'onnx'"),
     ({"device": "cpu"}, r"device 'cpu'"),
     ({"zero_copy_kv": "yes"}, r"zero_copy_kv: expected a bool"),
+    ({"named_data": "file"}, r"named_data 'file': expected one of \['ptd', 'pte'\]"),
     ({"backend_config": {}}, r"backend_config: expected an ExecutorchBackendConfig"),
     ({"compile_config": {}}, r"compile_config: expected an EdgeCompileConfig"),
     ({"runtime_kv": ("k", "v")}, r"runtime_kv: expected a zerokv.executorch.RuntimeKV"),

@@ -15,7 +15,7 @@ from torch.export.graph_signature import OutputKind
 
 import zerokv.executorch as zx
 from zerokv import blob
-from zerokv.executorch.delegates import delegate_nodes
+from zerokv.executorch.delegates import delegate_nodes, parsed_blob
 from zerokv.tensorrt import decode_and_prefill_profiles
 from zerokv.tensorrt import testing_models as tm
 
@@ -215,8 +215,14 @@ def test_buffer_caches_of_prefill_and_decode_are_refused_not_silently_duplicated
 def test_save_writes_a_checked_program(tmp_path):
     manager = zx.export(_decoder_program(), engine="tensorrt")
     path = tmp_path / "decode.pte"
-    zx.save(manager, str(path))
+    assert zx.save(manager, str(path)) == [str(path), zx.data_path(str(path))]
     assert path.read_bytes() == manager.buffer
+    # The plan is named data, in the .ptd beside the .pte: the blob holds only its key.
+    (_, lowered), = delegate_nodes(manager.exported_program("forward").graph_module)
+    parsed = parsed_blob(lowered)
+    assert parsed.payload == b"" and parsed.metadata.engine_key.startswith("zerokv/")
+    assert len(lowered.processed_bytes) < 4096
+    assert (tmp_path / "decode.ptd").stat().st_size > 10_000
 
 
 class DecoderThenClampThenProjection(torch.nn.Module):

@@ -2,7 +2,7 @@
 // runtime: decode steps through ExecuTorch's Module API, each step's output checked against the
 // running sum the cache holds when every earlier step's write reached it.
 //
-//   tiny_decoder_test PROGRAM.pte
+//   tiny_decoder_test PROGRAM.pte PROGRAM.ptd   (the program and its weights)
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -22,12 +22,12 @@ constexpr int kWidth = 4;
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s PROGRAM.pte\n", argv[0]);
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s PROGRAM.pte PROGRAM.ptd\n", argv[0]);
     return 2;
   }
   executorch::runtime::runtime_init();
-  Module module(argv[1]);
+  Module module(argv[1], argv[2], Module::LoadMode::Mmap);
 
   const std::vector<float> step_values = {1.5f, 0.25f, -3.0f};
   std::vector<float> written_sum(kWidth, 0.0f);

@@ -10,12 +10,14 @@
 #include <optional>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace zerokv::blob {
 
 inline constexpr uint8_t kMagic[4] = {${magic}};
 inline constexpr uint16_t kFormatVersion = ${format_version};
+inline constexpr uint16_t kExtensibleSince = ${extensible_since};
 inline constexpr uint64_t kPayloadAlignment = ${payload_alignment};
 inline constexpr size_t kHeaderSize = ${header_size};
 
@@ -59,19 +61,53 @@ struct Error {
   std::string message;
 };
 
-// Reads fields from [data, data + size), refusing any read past the end. The first refusal is
-// kept in error() and every later read fails.
+inline Error Refuse(ErrorCode code, const std::string& field, const std::string& detail) {
+  return Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
+}
+
+// The refusal of a format version this codec does not read, or nullopt.
+inline std::optional<Error> CheckVersion(uint16_t version) {
+  if (version > kFormatVersion) {
+    return Refuse(ErrorCode::kUnsupportedVersion, "header.format_version",
+                  "the blob is format version " + std::to_string(version) + ", newer than version " +
+                      std::to_string(kFormatVersion) +
+                      ", the newest this zerokv reads: load it with a newer zerokv runtime");
+  }
+  if (version < 1) {
+    return Refuse(ErrorCode::kUnsupportedVersion, "header.format_version",
+                  std::to_string(version) + " is not a format version (they start at 1)");
+  }
+  return std::nullopt;
+}
+
+// Reads fields from [data, data + size), refusing any read past the end. The first refusal goes to
+// *error (shared with the readers of enclosing structs) and every later read fails.
 class Reader {
  public:
-  Reader(const uint8_t* data, size_t size) : data_(data), size_(size) {}
+  Reader(const uint8_t* data, size_t size, std::optional<Error>* error)
+      : data_(data), size_(size), error_(error) {}
 
   size_t remaining() const { return size_ - pos_; }
-  bool failed() const { return error_.has_value(); }
-  const std::optional<Error>& error() const { return error_; }
+  bool failed() const { return error_->has_value(); }
 
   bool Fail(ErrorCode code, const std::string& field, const std::string& detail) {
-    if (!error_) error_ = Error{code, std::string(ErrorCodeName(code)) + " at " + field + ": " + detail};
+    if (!failed()) *error_ = Refuse(code, field, detail);
     return false;
+  }
+
+  // A reader of the struct here (a u32 size, then its bytes); this reader moves past it. On a
+  // refusal the returned reader is empty and failed.
+  Reader Struct(const std::string& field) {
+    uint32_t size = 0;
+    if (!Scalar(field + ".size", &size)) return Reader(data_, 0, error_);
+    if (size > remaining()) {
+      Fail(ErrorCode::kTruncated, field,
+           "its size " + std::to_string(size) + " exceeds the " + std::to_string(remaining()) + " bytes that remain");
+      return Reader(data_, 0, error_);
+    }
+    Reader inner(data_ + pos_, size, error_);
+    pos_ += size;
+    return inner;
   }
 
   template <typename T>
@@ -161,7 +197,7 @@ class Reader {
   const uint8_t* data_;
   size_t size_;
   size_t pos_ = 0;
-  std::optional<Error> error_;
+  std::optional<Error>* error_;
 };
 
 class Writer {
@@ -182,10 +218,25 @@ class Writer {
     Scalar(static_cast<uint32_t>(value.size()));
     bytes_.insert(bytes_.end(), value.begin(), value.end());
   }
+  // Appends a struct written by `inner` (its u32 size, then its bytes), and inner's refusal.
+  void Struct(Writer& inner) {
+    if (inner.error_ && !error_) error_ = inner.error_;
+    Scalar(static_cast<uint32_t>(inner.bytes_.size()));
+    bytes_.insert(bytes_.end(), inner.bytes_.begin(), inner.bytes_.end());
+  }
+  // A field that format `version` cannot hold holds a value: nothing this writer wrote is valid.
+  void RefuseUnwritable(const std::string& field, uint16_t version) {
+    if (!error_) {
+      error_ = Refuse(ErrorCode::kUnsupportedVersion, field,
+                      "holds a value, but format version " + std::to_string(version) + " has no such field");
+    }
+  }
   std::vector<uint8_t>& bytes() { return bytes_; }
+  const std::optional<Error>& error() const { return error_; }
 
  private:
   std::vector<uint8_t> bytes_;
+  std::optional<Error> error_;
 };
 
 struct Header {
@@ -206,14 +257,9 @@ inline bool ReadHeader(const uint8_t* data, size_t size, Header* header, std::op
     return false;
   }
   std::memcpy(header->magic, data, sizeof(kMagic));
-  Reader reader(data + sizeof(kMagic), kHeaderSize - sizeof(kMagic));
-  if (!reader.Scalar("header.format_version", &header->format_version)) { *error = reader.error(); return false; }
-  if (header->format_version != kFormatVersion) {
-    *error = Error{ErrorCode::kUnsupportedVersion, "UNSUPPORTED_VERSION at header.format_version: version " +
-                                                      std::to_string(header->format_version) +
-                                                      "; this parser reads version " + std::to_string(kFormatVersion)};
-    return false;
-  }
+  Reader reader(data + sizeof(kMagic), kHeaderSize - sizeof(kMagic), error);
+  if (!reader.Scalar("header.format_version", &header->format_version)) return false;
+  if ((*error = CheckVersion(header->format_version))) return false;
 ${header_reads}
   return true;
 }
@@ -224,15 +270,29 @@ ${header_writes}
 }
 
 ${structs}
-// The Metadata struct filling all of [data, data + size), or false with the refusal in `error`.
-inline bool DecodeMetadata(const uint8_t* data, size_t size, Metadata* metadata, std::optional<Error>* error) {
-  Reader reader(data, size);
-  if (!ReadMetadata(reader, "metadata", metadata)) { *error = reader.error(); return false; }
+// The Metadata struct of format `version` filling all of [data, data + size), or false with the
+// refusal in `error`.
+inline bool DecodeMetadata(const uint8_t* data, size_t size, uint16_t version, Metadata* metadata,
+                           std::optional<Error>* error) {
+  if ((*error = CheckVersion(version))) return false;
+  Reader reader(data, size, error);
+  if (!ReadMetadata(reader, "metadata", version, metadata)) return false;
   if (reader.remaining() != 0) {
-    *error = Error{ErrorCode::kTrailingBytes, "TRAILING_BYTES at metadata: " + std::to_string(reader.remaining()) +
-                                                 " bytes follow its last field"};
+    *error = Refuse(ErrorCode::kTrailingBytes, "metadata", std::to_string(reader.remaining()) + " bytes follow its last field");
     return false;
   }
+  return true;
+}
+
+// The bytes of `metadata` in format `version`, or false with the refusal in `error` when that
+// version cannot hold it.
+inline bool EncodeMetadata(const Metadata& metadata, uint16_t version, std::vector<uint8_t>* out,
+                           std::optional<Error>* error) {
+  if ((*error = CheckVersion(version))) return false;
+  Writer writer;
+  WriteMetadata(writer, "metadata", version, metadata);
+  if ((*error = writer.error())) return false;
+  *out = std::move(writer.bytes());
   return true;
 }
 

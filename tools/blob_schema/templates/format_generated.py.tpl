@@ -6,6 +6,7 @@ import struct
 
 MAGIC = ${magic}
 FORMAT_VERSION = ${format_version}
+EXTENSIBLE_SINCE = ${extensible_since}
 PAYLOAD_ALIGNMENT = ${payload_alignment}
 HEADER_SIZE = ${header_size}
 
@@ -22,6 +23,19 @@ class BlobFormatError(ValueError):
         super().__init__(f"{code.name} at {field}: {detail}")
         self.code = code
         self.field = field
+
+
+def check_version(version):
+    """`version` if this codec reads it, else BlobFormatError (UNSUPPORTED_VERSION)."""
+    if version > FORMAT_VERSION:
+        raise BlobFormatError(
+            ErrorCode.UNSUPPORTED_VERSION, "header.format_version",
+            f"the blob is format version {version}, newer than version {FORMAT_VERSION}, the newest "
+            "this zerokv reads: load it with a newer zerokv runtime")
+    if version < 1:
+        raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, "header.format_version",
+                              f"{version} is not a format version (they start at 1)")
+    return version
 
 
 class Reader:
@@ -85,6 +99,16 @@ class Reader:
     def list(self, field, element_min_size, read_element):
         return [read_element(f"{field}[{i}]") for i in range(self.count(field, element_min_size))]
 
+    def struct(self, field):
+        """A reader of the struct here (a u32 size, then its bytes); this reader moves past it."""
+        size = self.scalar("I", field + ".size")
+        if size > self.remaining():
+            raise BlobFormatError(
+                ErrorCode.TRUNCATED, field, f"its size {size} exceeds the {self.remaining()} bytes that remain")
+        inner = Reader(self.data, self.pos, self.pos + size)
+        self.pos += size
+        return inner
+
 
 class Writer:
     def __init__(self):
@@ -98,8 +122,18 @@ class Writer:
         self.scalar("I", len(raw))
         self.parts.append(raw)
 
+    def struct(self, inner):
+        value = inner.getvalue()
+        self.scalar("I", len(value))
+        self.parts.append(value)
+
     def getvalue(self):
         return b"".join(self.parts)
+
+
+def refuse_unwritable(field, version):
+    raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, field,
+                          f"holds a value, but format version {version} has no such field")
 
 
 @dataclasses.dataclass
@@ -119,9 +153,7 @@ def read_header(data):
     values = list(_HEADER.unpack_from(data, 0))
     if values[0] != MAGIC:
         raise BlobFormatError(ErrorCode.BAD_MAGIC, 'header.magic', f'{values[0]!r} is not {MAGIC!r}')
-    if values[1] != FORMAT_VERSION:
-        raise BlobFormatError(ErrorCode.UNSUPPORTED_VERSION, 'header.format_version',
-                              f'version {values[1]}; this codec reads version {FORMAT_VERSION}')
+    check_version(values[1])
 ${header_enum_checks}
     for index, name in _HEADER_BOOLS:
         if values[index] > 1:
@@ -136,17 +168,18 @@ def write_header(header):
 
 ${structs}
 
-def decode_metadata(data):
-    """The Metadata struct filling all of `data`, or BlobFormatError."""
+def decode_metadata(data, version):
+    """The Metadata struct of format `version` filling all of `data`, or BlobFormatError."""
     reader = Reader(data)
-    metadata = read_metadata(reader, 'metadata')
+    metadata = read_metadata(reader, 'metadata', check_version(version))
     if reader.remaining():
         raise BlobFormatError(ErrorCode.TRAILING_BYTES, 'metadata',
                               f'{reader.remaining()} bytes follow its last field')
     return metadata
 
 
-def encode_metadata(metadata):
+def encode_metadata(metadata, version=FORMAT_VERSION):
+    """The bytes of `metadata` in format `version`, or BlobFormatError if that version cannot hold it."""
     writer = Writer()
-    write_metadata(writer, metadata)
+    write_metadata(writer, 'metadata', metadata, check_version(version))
     return writer.getvalue()
