@@ -78,12 +78,12 @@ def export_program(model, *, max_capacity: int, initial_capacity: int, max_prefi
 
 def run_decode(library, program_path: str, model, prompt: list, steps: int) -> Report:
     import torch
-    from executorch.runtime import Runtime
     from tqdm import tqdm
 
+    import zerokv.executorch as zx
     from zerokv.executorch import hf_decoders as hf
 
-    program = Runtime.get().load_program(program_path)
+    program = zx.load_program(program_path)  # with its weights, in the .ptd beside it
     prefill, decode = program.load_method("prefill"), program.load_method("decode")
     prompt = torch.tensor([prompt])
     eager_logits, eager_tokens = hf.eager_steps(model, prompt, steps)

@@ -17,7 +17,7 @@ from examples.backend_library import load_backend
 from zerokv.executorch import hf_decoders as hf
 
 LIBRARY = load_backend(os.environ["HOST_BACKEND"])
-from executorch.runtime import Runtime  # noqa: E402  (the backend must be registered first)
+import zerokv.executorch as zx  # noqa: E402  (the backend must be registered first)
 
 PTE_DIR = os.path.dirname(os.environ["PTE_DIR"])
 PROMPT = [5, 17, 42, 9, 3, 77]
@@ -44,7 +44,7 @@ def test_gemma3_decodes_past_its_sliding_window():
 
 
 def test_the_program_carries_the_llm_metadata_methods():
-    program = Runtime.get().load_program(os.path.join(PTE_DIR, "hf_decode_llama.pte"))
+    program = zx.load_program(os.path.join(PTE_DIR, "hf_decode_llama.pte"))
     model = hf.tiny("llama")
     expected = hf.constant_methods(model, MAX_CAPACITY)
     assert set(program.method_names) == {"prefill", "decode", *expected}

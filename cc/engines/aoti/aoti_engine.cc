@@ -275,9 +275,9 @@ class AotiEngine final : public Engine {
                : at::Device(at::kCPU);
   }
 
-  // Gives the package its constants: every one it has, from the blob's named data (format 2 on).
+  // Gives the package its constants: every one it has, from the blob's named data (format 3 on).
   Status LoadConstants(const blob::Blob& blob, const NamedDataMap* named_data) {
-    if (blob.format_version < 2) return Status::Ok();  // the package's code holds its weights
+    if (blob.format_version < 3) return Status::Ok();  // the package's code holds its weights
     std::map<std::string, at::ScalarType> package;  // FQN -> dtype
     torch::inductor::AOTIModelContainerRunner* runner = loader_->get_runner();
     const auto dtypes = runner->getConstantNamesToDtypes();

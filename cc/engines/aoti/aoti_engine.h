@@ -2,13 +2,13 @@
 // py/zerokv/aoti (compile_aoti) for the CPU or for CUDA, run with libtorch's
 // AOTIModelPackageLoader.
 //
-// Weights: from blob format version 2 the package holds the compiled code only, and each of its
+// Weights: from blob format version 3 the package holds the compiled code only, and each of its
 // constants (by fully qualified name) is a blob constant read from the program's named data. The
 // engine hands the package tensors over those bytes (load_constants, user-managed): on the CPU
 // views of the mapped entries, never copied; on CUDA one copy onto the device, shared by every
 // engine of the process that reads the same entry (keys are content hashes), so a program's
-// prefill and decode delegates hold each weight once. Format 1 packages carry their weights in
-// their code and are loaded as they are. The package's code is written to a temporary file for
+// prefill and decode delegates hold each weight once. Format 1 and 2 packages carry their weights
+// in their code and are loaded as they are. The package's code is written to a temporary file for
 // libtorch's loader, which extracts it into a directory of its own: kernel code only, no weights.
 //
 // The package carries its own binding table in its AOTInductor metadata (written by compile_aoti,

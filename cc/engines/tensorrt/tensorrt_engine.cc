@@ -199,7 +199,7 @@ class TensorRtEngine final : public Engine {
       return InvalidProgram("the blob lists constants, which a TensorRT engine does not take (its plan "
                             "holds its weights)");
     }
-    // Since format version 2 the plan is named data (it holds the weights); before, the payload.
+    // Since format version 3 the plan is named data (it holds the weights); before, the payload.
     std::optional<FreeableBuffer> plan;
     if (!blob.metadata.engine_key.empty()) {
       ZEROKV_RETURN_IF_ERROR(GetNamedData(named_data, blob.metadata.engine_key, "the TensorRT plan", &plan));

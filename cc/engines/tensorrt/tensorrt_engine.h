@@ -1,6 +1,6 @@
 // The TensorRT engine kind: a thin adapter over the TensorRT C++ runtime API (TensorRT 10.15 or
 // newer, checked when it compiles). The serialized engine (plan) is the named data entry the blob's
-// engine_key names (format version 2 on; the blob's payload before), deserialized from the mapped
+// engine_key names (format version 3 on; the blob's payload before), deserialized from the mapped
 // bytes, which are released once TensorRT has built the engine; bindings,
 // shapes and aliases are TensorRT's own:
 //   deserializeCudaEngine, getIOTensorName/getTensorIOMode/getTensorDataType,
