@@ -69,9 +69,10 @@ def _progress(total: int, description: str):
 
 
 def export_program(config: Config, *, seed: int, device: str, max_capacity: int, initial_capacity: int,
-                   prefill_length: int):
+                   prefill_length: int, cuda_graph: bool = False):
     """Returns the ExecutorchProgramManager. device "cpu" compiles the engines for the CPU (the
-    delegates stay tagged cuda:0 and run over a host-memory device allocator); "cuda" for the GPU."""
+    delegates stay tagged cuda:0 and run over a host-memory device allocator); "cuda" for the GPU,
+    where cuda_graph has the runtime replay each engine's runs as CUDA graphs."""
     model = LlamaDecoder(config, seed=seed)
     with _progress(4, "export") as bar:
         bar.set_postfix_str("tracing prefill")
@@ -86,7 +87,7 @@ def export_program(config: Config, *, seed: int, device: str, max_capacity: int,
             {"prefill": prefill, "decode": decode},
             engine="aoti",
             device="cuda:0",
-            engine_options={"compile_device": device},
+            engine_options={"compile_device": device, "cuda_graph": cuda_graph},
             runtime_kv=runtime_kv(config, max_capacity, initial_capacity),
         )
         bar.update()

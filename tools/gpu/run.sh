@@ -4,7 +4,10 @@
 # installs the wheels into a folder on PYTHONPATH, writes the bundle's machine rc and runs
 #   bazel test --config=gpu //...          (or: bash tools/gpu/run.sh TARGET...)
 # and, with KV_BENCH_CONTEXTS="256 1024 ...", the decode bench at those context lengths
-# (//cc/runtime/device_allocators:kv_decode_gpu_bench, its table in $OUT/bench.md).
+# (//cc/runtime/device_allocators:kv_decode_gpu_bench, its table in $OUT/bench.md); with
+# ROOFLINE_POSITIONS set ("" for the defaults), the 1B decode roofline bench
+# (//tools/bench:decode_roofline: table, plot and figures in $OUT/roofline/; DECODE_ROOFLINE_PHASES
+# passes through). GPU_TESTS=none runs the benches alone.
 # Device tool: `bash tools/gpu/run.sh` with carry [".gpu"]. Bazel's output goes to $OUT/bazel.log and
 # every test's log to $OUT/tests.log when $OUT is set (the device tool's folder), else to
 # /tmp/zerokv_gpu/logs; the last line is `N passed, N failed, N skipped`.
@@ -42,13 +45,15 @@ RC
 cd "$root"
 bazel=$work/zerokv-bazel/bazel
 status=0
-"$bazel" test --config=gpu --build_event_json_file="$work/bep.json" "${@:-//...}" >"$logs/bazel.log" 2>&1 || status=$?
-tail -n 30 "$logs/bazel.log"
-testlogs=$("$bazel" info bazel-testlogs 2>/dev/null)
-find "$testlogs" -name test.log -print0 2>/dev/null | sort -z | while IFS= read -r -d '' test_log; do
-  echo "===== ${test_log#"$testlogs"/}"
-  cat "$test_log"
-done >"$logs/tests.log"
+if [ "${GPU_TESTS:-}" != none ]; then
+  "$bazel" test --config=gpu --build_event_json_file="$work/bep.json" "${@:-//...}" >"$logs/bazel.log" 2>&1 || status=$?
+  tail -n 30 "$logs/bazel.log"
+  testlogs=$("$bazel" info bazel-testlogs 2>/dev/null)
+  find "$testlogs" -name test.log -print0 2>/dev/null | sort -z | while IFS= read -r -d '' test_log; do
+    echo "===== ${test_log#"$testlogs"/}"
+    cat "$test_log"
+  done >"$logs/tests.log"
+fi
 if [ -n "${KV_BENCH_CONTEXTS:-}" ]; then
   # shellcheck disable=SC2086  # a list of context lengths
   # `bazel run` gives the binary this shell's environment, not the rc's action or test environment.
@@ -56,6 +61,14 @@ if [ -n "${KV_BENCH_CONTEXTS:-}" ]; then
     >"$logs/bench.md" 2>"$logs/bench.log" || { echo "[gpu run] the bench failed (bench.log)"; status=1; }
   cat "$logs/bench.md"
 fi
+if [ -n "${ROOFLINE_POSITIONS+set}" ]; then
+  # shellcheck disable=SC2086  # a list of positions
+  PYTHONPATH=$work/site "$bazel" run --config=gpu //tools/bench:decode_roofline -- "$logs/roofline" $ROOFLINE_POSITIONS \
+    >"$logs/roofline.log" 2>&1 || { echo "[gpu run] the roofline bench failed (roofline.log)"; tail -n 40 "$logs/roofline.log"; status=1; }
+  cat "$logs/roofline/decode_roofline.md" 2>/dev/null || true
+fi
 "$bazel" shutdown
-python3 "$root/tools/ci/summarize_bep.py" "$work/bep.json" || status=1
+if [ "${GPU_TESTS:-}" != none ]; then
+  python3 "$root/tools/ci/summarize_bep.py" "$work/bep.json" || status=1
+fi
 exit $status

@@ -21,6 +21,11 @@
 #ifdef ZEROKV_WITH_CUDA
 #include <cuda_runtime_api.h>
 #endif
+#ifdef ZEROKV_WITH_TORCH_CUDA
+#include <ATen/cuda/CUDAGraph.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#endif
 
 namespace zerokv::engines {
 namespace {
@@ -178,6 +183,7 @@ class AotiEngine final : public Engine {
     }
 #endif
     device_index_ = device_ == ComputeDevice::kCuda ? blob.device_id : -1;
+    ZEROKV_RETURN_IF_ERROR(ReadCudaGraph(std::map<std::string, std::string>(table.begin(), table.end())));
     return LoadConstants(blob, named_data);
   }
 
@@ -210,6 +216,34 @@ class AotiEngine final : public Engine {
   }
 
   Status Enqueue(StreamHandle stream) override {
+#ifdef ZEROKV_WITH_TORCH_CUDA
+    if (cuda_graph_) return EnqueueGraph(stream);
+#endif
+    return Run(stream);
+  }
+
+  Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
+    for (const Slot& slot : slots_) {
+      if (slot.name == name && slot.direction == blob::Direction::kOutput) {
+        *shape = slot.shape;
+        return Status::Ok();
+      }
+    }
+    return base::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
+  }
+
+ private:
+  struct Slot {
+    std::string name;
+    blob::Direction direction;
+    blob::DType dtype;
+    std::vector<int64_t> shape;
+    void* data = nullptr;
+    size_t capacity = 0;
+  };
+
+  // Runs the package once on `stream` and copies its returned outputs to their bound addresses.
+  Status Run(StreamHandle stream) {
     const at::Device device = TorchDevice();
     std::vector<at::Tensor> inputs;
     for (Slot& slot : slots_) {
@@ -242,25 +276,114 @@ class AotiEngine final : public Engine {
     return Status::Ok();
   }
 
-  Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
-    for (const Slot& slot : slots_) {
-      if (slot.name == name && slot.direction == blob::Direction::kOutput) {
-        *shape = slot.shape;
-        return Status::Ok();
-      }
+#ifdef ZEROKV_WITH_TORCH_CUDA
+  // What a captured graph baked in: every bound address and input shape, and the stream. A graph
+  // replays only for the binding it was captured with; a runtime-owned cache that grew (new
+  // storage) or a new step width is a new binding.
+  struct GraphKey {
+    std::vector<void*> addresses;
+    std::vector<std::vector<int64_t>> shapes;
+    StreamHandle stream = nullptr;
+    bool operator==(const GraphKey& other) const {
+      return addresses == other.addresses && shapes == other.shapes && stream == other.stream;
     }
-    return base::InvalidArgument("the AOTInductor engine has no output '" + name + "'");
+  };
+
+  GraphKey CurrentKey(StreamHandle stream) const {
+    GraphKey key;
+    key.stream = stream;
+    for (const Slot& slot : slots_) {
+      key.addresses.push_back(slot.data);
+      if (slot.direction == blob::Direction::kInput) key.shapes.push_back(slot.shape);
+    }
+    return key;
   }
 
- private:
-  struct Slot {
-    std::string name;
-    blob::Direction direction;
-    blob::DType dtype;
-    std::vector<int64_t> shape;
-    void* data = nullptr;
-    size_t capacity = 0;
-  };
+  // A binding seen for the first time runs as it is (its first run also initializes what a capture
+  // must not: libraries' handles and workspaces, lazily loaded kernels). Seen twice in a row, it is
+  // captured, and replayed for as long as it stays. Nothing a run computes on the host depends on
+  // the bound data (positions and tokens are read on the device), so a replay computes what a run
+  // would. A capture that fails (a package that reads device data on the host, the legacy default
+  // stream) turns graphs off for this engine, saying so once.
+  Status EnqueueGraph(StreamHandle stream) {
+    GraphKey key = CurrentKey(stream);
+    const c10::cuda::CUDAStream torch_stream =
+        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index_));
+    // The package allocates its intermediates and outputs on torch's current stream: ours, so that
+    // a capture takes them from the graph's private memory pool.
+    c10::cuda::CUDAStreamGuard guard(torch_stream);
+    if (graph_ && graph_key_ == key) {
+      try {
+        graph_->replay();
+      } catch (const std::exception& error) {
+        return Internal(std::string("replaying the AOTInductor CUDA graph failed: ") + error.what());
+      }
+      return Status::Ok();
+    }
+    graph_.reset();
+    if (!(seen_key_ == key)) {
+      seen_key_ = std::move(key);
+      return Run(stream);
+    }
+    return CaptureAndReplay(stream, std::move(key));
+  }
+
+  Status CaptureAndReplay(StreamHandle stream, GraphKey key) {
+    // The package's container waits for its previous run before starting one; that wait must not
+    // happen inside the capture.
+    const cudaError_t synchronized = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
+    if (synchronized != cudaSuccess) {
+      return Internal(std::string("synchronizing before a CUDA graph capture failed: ") +
+                      cudaGetErrorString(synchronized));
+    }
+    outputs_.clear();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    Status captured = Status::Ok();
+    try {
+      // Thread-local: other threads (another delegate, an allocator) may go on calling CUDA.
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      captured = Run(stream);
+      graph->capture_end();  // ends the capture whether or not the run succeeded
+    } catch (const std::exception& error) {
+      if (captured.ok()) captured = Internal(error.what());
+    }
+    if (!captured.ok()) {
+      cudaGetLastError();  // the capture's error, reported below
+      graph.reset();
+      outputs_.clear();
+      cuda_graph_ = false;
+      std::fprintf(stderr, "zerokv: AOTInductor engine: CUDA graphs off, running each step as it is: the "
+                           "capture failed: %s\n", captured.message().c_str());
+      return Run(stream);
+    }
+    graph_ = std::move(graph);
+    graph_key_ = std::move(key);
+    try {
+      graph_->replay();
+    } catch (const std::exception& error) {
+      return Internal(std::string("replaying the AOTInductor CUDA graph failed: ") + error.what());
+    }
+    return Status::Ok();
+  }
+#endif
+
+  Status ReadCudaGraph(const std::map<std::string, std::string>& metadata) {
+    auto cuda_graph = metadata.find("zerokv.cuda_graph");
+    if (cuda_graph == metadata.end() || cuda_graph->second == "0") return Status::Ok();
+    if (cuda_graph->second != "1" || device_ != ComputeDevice::kCuda) {
+      return InvalidProgram("the AOTInductor package's zerokv.cuda_graph is '" + cuda_graph->second +
+                            "' for a " + (device_ == ComputeDevice::kCuda ? "CUDA" : "host") +
+                            " package: expected '0', or '1' on CUDA");
+    }
+#ifdef ZEROKV_WITH_TORCH_CUDA
+    cuda_graph_ = true;
+    return Status::Ok();
+#else
+    return base::NotSupported(
+        "the AOTInductor package asks for CUDA graphs (zerokv.cuda_graph), but this engine was built "
+        "without torch's CUDA libraries");
+#endif
+  }
 
   Slot* Find(const std::string& name) {
     for (Slot& slot : slots_) {
@@ -409,6 +532,12 @@ class AotiEngine final : public Engine {
   std::vector<std::shared_ptr<Entry>> entries_;  // what the constants view
   std::unordered_map<std::string, at::Tensor> constants_;
   std::vector<at::Tensor> outputs_;
+  bool cuda_graph_ = false;  // zerokv.cuda_graph: capture runs, replay them
+#ifdef ZEROKV_WITH_TORCH_CUDA
+  GraphKey seen_key_;                           // the binding of the last run
+  std::unique_ptr<at::cuda::CUDAGraph> graph_;  // captured for graph_key_
+  GraphKey graph_key_;
+#endif
 };
 
 const bool registered = RegisterEngineFactory(blob::EngineKind::kAoti, CreateAotiEngine);

@@ -4,7 +4,9 @@
 //
 //   kv_decode_gpu check DIR own-stream|caller-stream [STEPS]
 //     DIR/kv_decode.pte's prefill, then each decode step, against eager's logits (DIR/reference.bin)
-//     for the same tokens (DIR/tokens.bin). The caches are runtime-owned and grow while decoding.
+//     for the same tokens (DIR/tokens.bin); then DIR/kv_decode_graph.pte's, whose engines capture
+//     their runs as CUDA graphs and replay them. The caches are runtime-owned and grow while
+//     decoding.
 //     With caller-stream every execute runs under a CallerStreamGuard on a cudaStreamNonBlocking
 //     stream; the only host synchronization per step is the allocator's wait before it copies the
 //     logits out, so a missing dependency (a step reading the KV before the previous step wrote
@@ -33,17 +35,14 @@
 #include <string>
 #include <vector>
 
-#include <executorch/extension/data_loader/mmap_data_loader.h>
-#include <executorch/extension/flat_tensor/flat_tensor_data_map.h>
 #include <executorch/extension/module/module.h>
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/platform/runtime.h>
 
-#include "cc/blob/blob.h"
-#include "cc/engines/engine.h"
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
+#include "cc/runtime/testing/bare_engine.h"
 #include "cc/runtime/testing/gpu_check.h"
 
 namespace {
@@ -115,7 +114,13 @@ double Median(std::vector<double> values) {
   return values[values.size() / 2];
 }
 
-// STEPS (at most the exported number) shortens the run for compute-sanitizer.
+void CheckProgram(const std::string& dir, const std::string& program, bool caller_stream, int64_t prompt,
+                  int64_t steps, int64_t vocab, int64_t layers, const std::vector<int64_t>& tokens,
+                  const std::vector<float>& reference);
+
+// Both programs of DIR: kv_decode (each step run as it is) and kv_decode_graph (the same, its
+// engines' runs captured as CUDA graphs and replayed, captured again at each growth). STEPS (at
+// most the exported number) shortens the run for compute-sanitizer.
 int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   int64_t prompt = 0, exported_steps = 0, vocab = 0, layers = 0;
   std::ifstream(dir + "/shape.txt") >> prompt >> exported_steps >> vocab >> layers;
@@ -127,8 +132,23 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
             reference.size() == size_t((prompt + exported_steps) * vocab),
         "tokens.bin / reference.bin do not match shape.txt");
   if (failures) return 1;
+  for (const char* program : {"kv_decode", "kv_decode_graph"}) {
+    CheckProgram(dir, program, caller_stream, prompt, steps, vocab, layers, tokens, reference);
+  }
+  return failures == 0 ? 0 : 1;
+}
 
-  Module module(dir + "/kv_decode.pte", dir + "/kv_decode.ptd", Module::LoadMode::Mmap);
+// DIR/PROGRAM.pte, on a sequence of its own.
+void CheckProgram(const std::string& dir, const std::string& program, bool caller_stream, int64_t prompt,
+                  int64_t steps, int64_t vocab, int64_t layers, const std::vector<int64_t>& tokens,
+                  const std::vector<float>& reference) {
+  ZeroKVSequence* caches = zerokv_kv_sequence_create();
+  zerokv_kv_sequence_select(caches);  // the Module loads at home there
+  Module module(dir + "/" + program + ".pte", dir + "/" + program + ".ptd", Module::LoadMode::Mmap);
+  CHECK(module.load_method("decode") == executorch::runtime::Error::Ok &&
+            module.load_method("prefill") == executorch::runtime::Error::Ok,
+        "%s: cannot load its methods", program.c_str());
+  zerokv_kv_sequence_select(nullptr);
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double min_cosine = 1, max_error = 0;
@@ -146,10 +166,8 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
       logits = Step(module, "decode", {tokens[position]}, position);
       const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
       Compare(logits, reference.data() + position * vocab, vocab, "decode", position, &min_cosine, &max_error);
-      ZeroKVSequence* caches = zerokv_kv_implicit_sequence();  // the one Module's, loaded without one
-      CHECK(caches != nullptr && zerokv_kv_sequence_metrics(caches, &metrics) == layers,
-            "expected %lld runtime-owned caches", static_cast<long long>(layers));
-      zerokv_kv_sequence_release(caches);
+      CHECK(zerokv_kv_sequence_metrics(caches, &metrics) == layers, "expected %lld runtime-owned caches",
+            static_cast<long long>(layers));
       CHECK(metrics.length == uint64_t((position + 1) * layers), "decode at %lld: %llu positions committed",
             static_cast<long long>(position), static_cast<unsigned long long>(metrics.length / layers));
       (metrics.growths > growths_before ? growing_steps : plain_steps).push_back(elapsed);
@@ -157,10 +175,11 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
   }
   CUDA_OK(cudaStreamSynchronize(stream));
   CUDA_OK(cudaStreamDestroy(stream));
+  zerokv_kv_sequence_release(caches);
   CHECK(metrics.growths > 0, "the caches never grew: the check would not cover growth");
-  std::printf("%s %s: prefill %lld + %lld decode steps, min cosine %.7f, max error %.2e (of the largest logit), "
+  std::printf("%s %s %s: prefill %lld + %lld decode steps, min cosine %.7f, max error %.2e (of the largest logit), "
               "capacity %llu, %llu growths (all layers) moved %llu bytes, %d failures\n",
-              caller_stream ? "caller-stream" : "own-stream", failures == 0 ? "PASS" : "FAIL",
+              program.c_str(), caller_stream ? "caller-stream" : "own-stream", failures == 0 ? "PASS" : "FAIL",
               static_cast<long long>(prompt), static_cast<long long>(steps), min_cosine, max_error,
               static_cast<unsigned long long>(metrics.capacity / layers),
               static_cast<unsigned long long>(metrics.growths), static_cast<unsigned long long>(metrics.bytes_moved),
@@ -169,89 +188,7 @@ int Check(const std::string& dir, bool caller_stream, int64_t max_steps) {
     std::printf("decode step: median %.3f ms without a growth (%zu steps), %.3f ms with one (%zu steps)\n",
                 Median(plain_steps), plain_steps.size(), Median(growing_steps), growing_steps.size());
   }
-  return failures == 0 ? 0 : 1;
 }
-
-// The zero-copy delegate's engine over device buffers of the blob's largest shapes, the aliased
-// outputs bound to their inputs: one decode step is Enqueue + synchronize.
-class BareEngine {
- public:
-  // `path`: the blob; `data_path`: the program's .ptd, where the blob's weights are.
-  BareEngine(const std::string& path, const std::string& data_path, int64_t position)
-      : bytes_(ReadFile<uint8_t>(path)) {
-    if (auto error = zerokv::blob::Parse(bytes_.data(), bytes_.size(), &blob_)) {
-      std::fprintf(stderr, "%s: not a zerokv blob\n", path.c_str());
-      std::exit(1);
-    }
-    auto loader = executorch::extension::MmapDataLoader::from(data_path.c_str());
-    if (!loader.ok()) {
-      std::fprintf(stderr, "%s: cannot be mapped\n", data_path.c_str());
-      std::exit(1);
-    }
-    loader_.emplace(std::move(*loader));
-    auto named_data = executorch::extension::FlatTensorDataMap::load(&*loader_);
-    if (!named_data.ok()) {
-      std::fprintf(stderr, "%s: not a .ptd\n", data_path.c_str());
-      std::exit(1);
-    }
-    named_data_.emplace(std::move(*named_data));
-    auto status = zerokv::engines::CreateEngine(blob_, &*named_data_, &engine_);
-    if (!status.ok()) {
-      std::fprintf(stderr, "%s: engine: %s\n", path.c_str(), status.message().c_str());
-      std::exit(1);
-    }
-    std::map<std::string, std::string> aliased;
-    for (const auto& alias : blob_.metadata.aliased_io) aliased[alias.output] = alias.input;
-    CUDA_OK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    for (const auto& binding : blob_.metadata.bindings) {
-      std::vector<int64_t> shape;
-      size_t bytes = zerokv::blob::ElementBytes(binding.dtype);
-      for (const auto& dim : binding.shape) {
-        shape.push_back(dim.max);
-        bytes *= dim.max;
-      }
-      void* data = nullptr;
-      if (aliased.count(binding.name)) {
-        data = address_.at(aliased[binding.name]);
-      } else {
-        CUDA_OK(cudaMalloc(&data, std::max<size_t>(bytes, 1)));
-        CUDA_OK(cudaMemset(data, 0, std::max<size_t>(bytes, 1)));
-        owned_.push_back(data);
-      }
-      if (binding.name.find("position") != std::string::npos && binding.dtype == zerokv::blob::DType::kInt64) {
-        CUDA_OK(cudaMemcpy(data, &position, sizeof(position), cudaMemcpyHostToDevice));
-      }
-      address_[binding.name] = data;
-      Require(binding.direction == zerokv::blob::Direction::kInput ? engine_->SetInputShape(binding.name, shape)
-                                                                   : zerokv::base::Status::Ok(), binding.name);
-      Require(engine_->SetAddress(binding.name, data, bytes), binding.name);
-    }
-  }
-  ~BareEngine() {
-    for (void* data : owned_) cudaFree(data);
-    cudaStreamDestroy(stream_);
-  }
-  void Step() {
-    Require(engine_->Enqueue(stream_), "Enqueue");
-    CUDA_OK(cudaStreamSynchronize(stream_));
-  }
-
- private:
-  static void Require(const zerokv::base::Status& status, const std::string& what) {
-    if (!status.ok()) {
-      std::fprintf(stderr, "bare engine: %s: %s\n", what.c_str(), status.message().c_str());
-      std::exit(1);
-    }
-  }
-  std::vector<uint8_t> bytes_;
-  zerokv::blob::Blob blob_;
-  std::optional<executorch::extension::MmapDataLoader> loader_;
-  std::optional<executorch::extension::FlatTensorDataMap> named_data_;
-  std::unique_ptr<zerokv::engines::Engine> engine_;
-  std::map<std::string, void*> address_;
-  std::vector<void*> owned_;
-  cudaStream_t stream_ = nullptr;
-};
 
 int Bench(const std::string& dir, const std::vector<int64_t>& contexts) {
   constexpr int kWarmup = 5, kRounds = 5, kStepsPerRound = 20;
@@ -269,7 +206,8 @@ int Bench(const std::string& dir, const std::vector<int64_t>& contexts) {
     const std::string base = dir + "/" + std::to_string(context);
     Module zero_copy(base + "/zero_copy.pte", base + "/zero_copy.ptd", Module::LoadMode::Mmap);
     Module staged(base + "/staged.pte", base + "/staged.ptd", Module::LoadMode::Mmap);
-    BareEngine bare(base + "/engine.blob", base + "/zero_copy.ptd", context / 2);
+    zerokv::testing::BareEngine bare(base + "/engine.blob", base + "/zero_copy.ptd");
+    bare.SetPosition(context / 2);
     std::vector<double> times[3];
     uint64_t bytes[2] = {0, 0};
     int64_t position = context / 2;

@@ -4,7 +4,8 @@ executorch wheel; no ExecuTorch Python runtime needed), and measures eager PyTor
     kv_decode_gpu_export.py DIR --device=cuda [--contexts 256,1024,4096,8192]
 
 DIR/check/: the example's program (examples/kv_program.py: prefill + decode sharing runtime-owned
-  zero-copy caches, initial capacity 16, so decoding grows them), tokens.bin (int64: the prompt, then
+  zero-copy caches, initial capacity 16, so decoding grows them) as kv_decode.pte, and with its
+  engines' runs captured as CUDA graphs (cuda_graph) as kv_decode_graph.pte; tokens.bin (int64: the prompt, then
   the token fed to each decode step: eager's greedy choice), reference.bin (float32: eager's logits
   for every prompt position, then for each decode step) and shape.txt (prompt steps vocab layers).
 DIR/bench/CTX/ (with --contexts): the bench decoder's decode step with caller-owned caches of CTX
@@ -60,9 +61,11 @@ def export_check(directory, device):
     import zerokv.executorch as zx
 
     os.makedirs(directory, exist_ok=True)
-    manager = export_program(CHECK_CONFIG, seed=0, device=device, max_capacity=CHECK_MAX_CAPACITY,
-                             initial_capacity=CHECK_INITIAL_CAPACITY, prefill_length=CHECK_PROMPT)
-    zx.save(manager, os.path.join(directory, "kv_decode.pte"))
+    for program, cuda_graph in (("kv_decode", False), ("kv_decode_graph", True)):
+        manager = export_program(CHECK_CONFIG, seed=0, device=device, max_capacity=CHECK_MAX_CAPACITY,
+                                 initial_capacity=CHECK_INITIAL_CAPACITY, prefill_length=CHECK_PROMPT,
+                                 cuda_graph=cuda_graph)
+        zx.save(manager, os.path.join(directory, program + ".pte"))
     eager = LlamaDecoder(CHECK_CONFIG, max_seq=CHECK_MAX_CAPACITY).eval()
     prompt = torch.randint(0, CHECK_CONFIG.vocab, (1, CHECK_PROMPT), generator=torch.Generator().manual_seed(0))
     tokens, logits = [prompt.flatten()], []

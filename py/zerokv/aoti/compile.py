@@ -75,16 +75,21 @@ def compile_aoti(
     *,
     binding_device: Optional[blob.Device] = None,
     dynamic_shapes=None,
+    cuda_graph: bool = False,
 ) -> EngineBuild:
     """Compiles `program` with AOTInductor for `device` ("cpu" or "cuda[:N]").
 
     binding_device: where the delegate's buffers are planned (the blob's IOBinding.device); CUDA
         for a cuda device, else CPU. A CPU engine serving a delegate tagged target_device=cuda:0
         (planned in device memory) passes blob.Device.CUDA.
+    cuda_graph: the runtime captures the package's runs as CUDA graphs and replays them
+        (zerokv.cuda_graph in the package's metadata; CUDA packages only).
     """
     torch_device = torch.device(device)
     if torch_device.type not in ("cpu", "cuda"):
         raise AotiCompileError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
+    if cuda_graph and torch_device.type != "cuda":
+        raise AotiCompileError(f"cuda_graph: CUDA graphs are for CUDA packages, not {device!r}")
     example_inputs = tuple(t.to(torch_device) for t in example_inputs)
     if isinstance(program, ExportedProgram):
         if torch_device.type == "cuda":
@@ -98,6 +103,7 @@ def compile_aoti(
         "zerokv.bindings": ";".join(f"{b.name}:{b.direction.name}:{b.dtype.name}" for b in bindings),
         "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
         "zerokv.device": torch_device.type,
+        "zerokv.cuda_graph": "1" if cuda_graph else "0",
     }
     args, kwargs = program.example_inputs
     files = torch._inductor.aot_compile(

@@ -1,0 +1,208 @@
+// zerokv's rows of //tools/bench:decode_roofline, on a CUDA GPU, over the programs
+// decode_roofline_programs.py wrote to DIR:
+//
+//   decode_roofline DIR STEPS POSITION...
+//
+// Every step is timed on the host around ExecuTorch's Module::execute (the token from the host,
+// the logits back to it, as the peers' steps are), or around Enqueue plus a synchronize for the
+// bare engine. Rows on stdout, tab-separated: variant, position, median ms, p99 ms, steps.
+//   zerokv_runtime_owned   DIR/runtime_owned: decodes from position 0 through the last POSITION
+//                          plus STEPS, every step timed; a row per POSITION over the STEPS steps
+//                          from it; `..._all` over every step and `..._growth` over the steps whose
+//                          caches grew (p99 column: the slowest);
+//   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
+//   zerokv_staged          DIR/static/staged.pte: 8 steps from each POSITION;
+//   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
+// Before timing, the runtime-owned and static programs decode the reference's tokens from
+// position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
+// `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
+// matches (p99 column) out of the steps compared.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <executorch/extension/module/module.h>
+#include <executorch/extension/tensor/tensor_ptr.h>
+#include <executorch/runtime/platform/runtime.h>
+
+#include "cc/kvcache/c_api.h"
+#include "cc/runtime/testing/bare_engine.h"
+
+namespace {
+
+using executorch::extension::make_tensor_ptr;
+using executorch::extension::Module;
+using Clock = std::chrono::steady_clock;
+
+constexpr int kWarmup = 5;
+constexpr int kStagedSteps = 8;
+
+[[noreturn]] void Fail(const std::string& message) {
+  std::fprintf(stderr, "decode_roofline: %s\n", message.c_str());
+  std::exit(1);
+}
+
+template <typename T>
+std::vector<T> ReadFile(const std::string& path) {
+  std::ifstream file(path, std::ios::binary);
+  if (!file) Fail("cannot read " + path);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(file)), {});
+  std::vector<T> values(bytes.size() / sizeof(T));
+  std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
+  return values;
+}
+
+// One decode step of `module`'s `method` at `position`: its logits, as float, when `logits` is set.
+double Step(Module& module, const std::string& method, int64_t token, int64_t position,
+            std::vector<float>* logits = nullptr) {
+  const auto started = Clock::now();
+  auto outputs = module.execute(method, {make_tensor_ptr({1, 1}, std::vector<int64_t>{token}),
+                                         make_tensor_ptr({1}, std::vector<int64_t>{position})});
+  const double elapsed = std::chrono::duration<double, std::milli>(Clock::now() - started).count();
+  if (!outputs.ok()) {
+    Fail(method + " at position " + std::to_string(position) + " failed: error " +
+         std::to_string(static_cast<int>(outputs.error())));
+  }
+  if (logits != nullptr) {
+    const auto& tensor = outputs.get().at(0).toTensor();
+    if (tensor.scalar_type() != executorch::aten::ScalarType::BFloat16) Fail("the logits are not bfloat16");
+    const auto* bits = static_cast<const uint16_t*>(tensor.const_data_ptr());
+    logits->resize(tensor.numel());
+    for (size_t i = 0; i < logits->size(); ++i) {
+      const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
+      std::memcpy(&(*logits)[i], &widened, sizeof(float));
+    }
+  }
+  return elapsed;
+}
+
+void Row(const std::string& variant, int64_t position, std::vector<double> values) {
+  if (values.empty()) return;
+  std::sort(values.begin(), values.end());
+  const size_t p99 = std::min(values.size() - 1, static_cast<size_t>(0.99 * values.size()));
+  std::printf("%s\t%lld\t%.4f\t%.4f\t%zu\n", variant.c_str(), static_cast<long long>(position),
+              values[values.size() / 2], values[p99], values.size());
+  std::fflush(stdout);
+}
+
+// Eager's reference: the token fed at each position and its logits there.
+struct Reference {
+  std::vector<int64_t> tokens;
+  std::vector<float> logits;
+  size_t vocab = 0;
+};
+
+// Decodes the reference's tokens from position 0 and prints the agreement row.
+void Agree(Module& module, const std::string& method, const Reference& reference, const std::string& variant) {
+  double min_cosine = 1;
+  size_t matches = 0;
+  std::vector<float> logits;
+  for (size_t position = 0; position < reference.tokens.size(); ++position) {
+    Step(module, method, reference.tokens[position], static_cast<int64_t>(position), &logits);
+    if (logits.size() != reference.vocab) Fail(variant + ": the logits have the wrong size");
+    const float* want = reference.logits.data() + position * reference.vocab;
+    double dot = 0, gg = 0, ww = 0;
+    for (size_t i = 0; i < reference.vocab; ++i) {
+      dot += double(logits[i]) * want[i];
+      gg += double(logits[i]) * logits[i];
+      ww += double(want[i]) * want[i];
+    }
+    min_cosine = std::min(min_cosine, dot / std::sqrt(gg * ww));
+    matches += std::max_element(logits.begin(), logits.end()) - logits.begin() ==
+               std::max_element(want, want + reference.vocab) - want;
+  }
+  std::printf("agreement_%s\t0\t%.6f\t%zu\t%zu\n", variant.c_str(), min_cosine, matches, reference.tokens.size());
+  std::fflush(stdout);
+}
+
+void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t steps,
+                  const std::vector<int64_t>& positions) {
+  Module module(dir + "/runtime_owned/decode.pte", dir + "/runtime_owned/decode.ptd", Module::LoadMode::Mmap);
+  Agree(module, "decode", reference, "runtime_owned");
+  // The agreement left the caches at the reference's length: start over from position 0.
+  ZeroKVSequence* caches = zerokv_kv_implicit_sequence();
+  if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
+  const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
+  std::vector<double> times, growth;
+  ZeroKVCacheMetrics metrics{};
+  for (int64_t position = 0; position < end; ++position) {
+    const uint64_t growths = metrics.growths;
+    times.push_back(Step(module, "decode", (position * 7) % static_cast<int64_t>(reference.vocab), position));
+    zerokv_kv_sequence_metrics(caches, &metrics);
+    if (metrics.growths > growths) growth.push_back(times.back());
+  }
+  zerokv_kv_sequence_release(caches);
+  for (int64_t position : positions) {
+    Row("zerokv_runtime_owned", position, {times.begin() + position, times.begin() + position + steps});
+  }
+  Row("zerokv_runtime_owned_all", 0, times);
+  std::sort(growth.begin(), growth.end());
+  if (!growth.empty()) {
+    std::printf("zerokv_runtime_owned_growth\t0\t%.4f\t%.4f\t%zu\n", growth[growth.size() / 2], growth.back(),
+                growth.size());
+  }
+}
+
+void Static(const std::string& dir, const std::string& program, const std::string& variant, const Reference* reference,
+            int64_t steps, const std::vector<int64_t>& positions) {
+  Module module(dir + "/static/" + program + ".pte", dir + "/static/" + program + ".ptd", Module::LoadMode::Mmap);
+  if (reference != nullptr) Agree(module, "forward", *reference, variant);
+  for (int64_t position : positions) {
+    std::vector<double> times;
+    for (int64_t step = -kWarmup; step < steps; ++step) {
+      const int64_t at = position + step;
+      const double elapsed = Step(module, "forward", (at * 7) % 1000, at);
+      if (step >= 0) times.push_back(elapsed);
+    }
+    Row(variant, position, times);
+  }
+}
+
+void Bare(const std::string& dir, int64_t steps, const std::vector<int64_t>& positions) {
+  zerokv::testing::BareEngine engine(dir + "/static/engine.blob", dir + "/static/zero_copy.ptd");
+  for (int64_t position : positions) {
+    engine.SetPosition(position);
+    std::vector<double> times;
+    for (int64_t step = -kWarmup; step < steps; ++step) {
+      const auto started = Clock::now();
+      engine.Step();
+      if (step >= 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+    }
+    Row("bare_engine", position, times);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc < 4) {
+    std::fprintf(stderr, "usage: %s DIR STEPS POSITION...\n", argv[0]);
+    return 2;
+  }
+  executorch::runtime::runtime_init();
+  const std::string dir = argv[1];
+  const int64_t steps = std::stoll(argv[2]);
+  std::vector<int64_t> positions;
+  for (int i = 3; i < argc; ++i) positions.push_back(std::stoll(argv[i]));
+  Reference reference;
+  reference.tokens = ReadFile<int64_t>(dir + "/reference/tokens.bin");
+  reference.logits = ReadFile<float>(dir + "/reference/logits.bin");
+  if (reference.tokens.empty() || reference.logits.size() % reference.tokens.size() != 0) {
+    Fail(dir + "/reference: tokens.bin and logits.bin do not match");
+  }
+  reference.vocab = reference.logits.size() / reference.tokens.size();
+  RuntimeOwned(dir, reference, steps, positions);
+  Static(dir, "zero_copy", "zerokv_static", &reference, steps, positions);
+  Static(dir, "staged", "zerokv_staged", nullptr, std::min<int64_t>(steps, kStagedSteps), positions);
+  Bare(dir, steps, positions);
+  return 0;
+}
