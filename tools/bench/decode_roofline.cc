@@ -11,7 +11,7 @@
 //                          from it; `..._all` over every step and `..._growth` over the steps whose
 //                          caches grew (p99 column: the slowest);
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
-//   zerokv_staged          DIR/static/staged.pte: 8 steps from each POSITION;
+//   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
 // Before timing, the runtime-owned and static programs decode the reference's tokens from
 // position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
@@ -44,7 +44,7 @@ using executorch::extension::Module;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 5;
-constexpr int kStagedSteps = 8;
+constexpr int kStagedSteps = 4;
 
 [[noreturn]] void Fail(const std::string& message) {
   std::fprintf(stderr, "decode_roofline: %s\n", message.c_str());

@@ -340,8 +340,9 @@ class AotiEngine final : public Engine {
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     Status captured = Status::Ok();
     try {
-      // Thread-local: other threads (another delegate, an allocator) may go on calling CUDA.
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      // Relaxed: the package's container queries its last run's event (cudaEventQuery) before it
+      // starts one, which the other modes refuse during a capture; that run is finished (above).
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeRelaxed);
       captured = Run(stream);
       graph->capture_end();  // ends the capture whether or not the run succeeded
     } catch (const std::exception& error) {

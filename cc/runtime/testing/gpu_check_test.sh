@@ -20,6 +20,13 @@ if [[ -n "${TEST_TOTAL_SHARDS:-}" ]]; then
   [[ "$TEST_TOTAL_SHARDS" == "${#tools[@]}" ]] || { echo "expected ${#tools[@]} shards, got $TEST_TOTAL_SHARDS"; exit 1; }
   tools=("${tools[$TEST_SHARD_INDEX]}")
 fi
+# GPU_CHECK_TOOLS="plain" (--test_env): only those, for a quick run on the GPU machine.
+if [[ -n "${GPU_CHECK_TOOLS:-}" ]]; then
+  read -r -a wanted <<<"$GPU_CHECK_TOOLS"
+  kept=()
+  for tool in "${tools[@]}"; do [[ " ${wanted[*]} " == *" $tool "* ]] && kept+=("$tool"); done
+  tools=("${kept[@]}")
+fi
 
 input=${TEST_TMPDIR:-$(mktemp -d)}/input
 echo "== $(basename "$generator") $input --device cuda"
