@@ -165,7 +165,11 @@ class AotiEngine final : public Engine {
     if (selected != cudaSuccess) cudaGetLastError();  // for a host package, no error: cleared
 #endif
     try {
-      loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(file.path(), "model");
+      // Single-threaded: the runtime runs a delegate on one thread at a time and orders its runs
+      // on their streams; the threaded container would also query an event of its last run, which
+      // a CUDA graph capture refuses (and which a captured run leaves unusable).
+      loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(file.path(), "model",
+                                                                          /*run_single_threaded=*/true);
     } catch (const std::exception& error) {
       return InvalidProgram(std::string("the AOTInductor payload does not load: ") + error.what());
     }
@@ -329,20 +333,14 @@ class AotiEngine final : public Engine {
   }
 
   Status CaptureAndReplay(StreamHandle stream, GraphKey key) {
-    // The package's container waits for its previous run before starting one; that wait must not
-    // happen inside the capture.
-    const cudaError_t synchronized = cudaStreamSynchronize(static_cast<cudaStream_t>(stream));
-    if (synchronized != cudaSuccess) {
-      return Internal(std::string("synchronizing before a CUDA graph capture failed: ") +
-                      cudaGetErrorString(synchronized));
-    }
     outputs_.clear();
     auto graph = std::make_unique<at::cuda::CUDAGraph>();
     Status captured = Status::Ok();
     try {
-      // Relaxed: the package's container queries its last run's event (cudaEventQuery) before it
-      // starts one, which the other modes refuse during a capture; that run is finished (above).
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeRelaxed);
+      // Thread-local: a call in this thread that a graph cannot hold (a synchronous copy, a host
+      // read of device data) fails the capture instead of running outside it; other threads (another
+      // delegate) go on as they are.
+      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
       captured = Run(stream);
       graph->capture_end();  // ends the capture whether or not the run succeeded
     } catch (const std::exception& error) {
