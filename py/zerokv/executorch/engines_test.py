@@ -1,10 +1,15 @@
-"""The engine adapters' answers about KV writes, asked of Edge-dialect nodes as the partitioner does."""
+"""The engine adapters: their answers about KV writes, asked of Edge-dialect nodes as the partitioner
+does, and their options."""
 
+import pytest
 import torch
 from executorch.exir.dialects._ops import ops as exir_ops
 from torch import fx
 
 from zerokv import kvwrite
+from zerokv.aoti import AotiCompileError, compile_aoti
+from zerokv.errors import ZeroKVError
+from zerokv.executorch import aoti_engine
 from zerokv.executorch.engines import TensorRTEngine, aten_target
 
 aten = torch.ops.aten
@@ -31,3 +36,41 @@ def test_tensorrt_takes_the_kv_writes_whose_positions_kvwrite_describes():
     copied, put, _ = _edge_writes()
     assert TensorRTEngine().supports(copied)
     assert not TensorRTEngine().supports(put)
+
+
+def test_aoti_cuda_graph_option_goes_through_the_compile_specs():
+    specs = aoti_engine.options_to_specs({"compile_device": "cuda", "cuda_graph": True})
+    assert aoti_engine.options_from_specs(specs) == {"compile_device": "cuda", "cuda_graph": True}
+    specs = aoti_engine.options_to_specs({"compile_device": "cuda"})
+    assert aoti_engine.options_from_specs(specs) == {"compile_device": "cuda", "cuda_graph": False}
+
+
+@pytest.mark.parametrize("options, named", [
+    ({"compile_device": "cpu", "cuda_graph": True}, "compile_device 'cuda'"),
+    ({"compile_device": "cuda", "cuda_graph": "yes"}, "expected True or False"),
+])
+def test_aoti_cuda_graph_option_is_refused_where_it_cannot_hold(options, named):
+    with pytest.raises(ZeroKVError, match=named):
+        aoti_engine.options_to_specs(options)
+
+
+def test_compile_aoti_refuses_cuda_graphs_for_the_cpu():
+    with pytest.raises(AotiCompileError, match="CUDA graphs are for CUDA packages"):
+        compile_aoti(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), "cpu", cuda_graph=True)
+
+
+def test_a_cpu_package_says_it_wants_no_cuda_graph():
+    build = compile_aoti(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), "cpu")
+    loader = _loaded(build.payload)
+    assert loader.get_metadata()["zerokv.cuda_graph"] == "0"
+
+
+def _loaded(payload):
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as directory:
+        path = os.path.join(directory, "engine.pt2")
+        with open(path, "wb") as package:
+            package.write(payload)
+        return torch._C._aoti.AOTIModelPackageLoader(path, "model", False, 1, -1)
