@@ -76,7 +76,7 @@ def test_each_method_is_one_delegate_updating_every_cache_in_place(family, metho
     assert _host_work(exported_program) == []
 
 
-@pytest.mark.parametrize("family", ["llama", "gemma3"])
+@pytest.mark.parametrize("family", hf.FAMILIES)
 def test_every_cache_is_aliased_in_every_profile_of_a_prefill_plan(family, monkeypatch):
     # Two profiles over the prefill's dynamic length (2..16 in the export): one plan serves both. The
     # blob does not record profiles and the plan cannot be deserialized without a GPU, so the engine
