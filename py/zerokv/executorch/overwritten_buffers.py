@@ -10,9 +10,8 @@ Kept, that state costs a host round trip per layer and step: the buffer is stage
 delegate (its old value is an operand of the copy, though unused), the new value comes back out of
 it and is copied into the host buffer. zerokv's engines write in place only what the KV-write proof
 accepts (TensorRT's one aliased output is its KV-cache-update layer's), so a counter would keep that
-round trip whatever the engine. Dropping the
-state instead keeps every value the program computes: the overwrite becomes its source, which the
-step reads as before; what goes is a value nothing reads.
+round trip whatever the engine. Dropping the state instead keeps every value the program computes:
+the overwrite becomes its source, which the step reads as before; what goes is a value nothing reads.
 
 A buffer is dropped only when that holds in every method that has it (a shared buffer is read
 by all of them) and the caller did not ask for named mutable buffers (emit_mutable_buffer_names),
