@@ -31,6 +31,7 @@ from zerokv.executorch import specs
 from zerokv.executorch.backend import ZeroCopyError
 from zerokv.executorch.delegates import ALIASED_BUFFER, RUNTIME_KV
 from zerokv.executorch.engines import PRESERVED_OPS, engine_module, engine_named, planned_for
+from zerokv.executorch.overwritten_buffers import drop_overwritten_buffers
 from zerokv.executorch.partitioner import KeepingZeroKVOps, ZeroKVPartitioner
 from zerokv.executorch.runtime_kv import RuntimeKV, detach_runtime_kv, mark_runtime_kv
 from zerokv.executorch.specs import NAMED_DATA_TAG
@@ -76,7 +77,9 @@ def export(
       engine: "aoti" (AOTInductor) or "tensorrt".
       zero_copy_kv: write the caller's KV caches in place (no staging copy, no copy-back). Only
         mutations the engine can write in place are affected; the others (e.g. a conv state) keep
-        ExecuTorch's copy-back. False gives plain ExecuTorch behaviour.
+        ExecuTorch's copy-back. Buffers that every method overwrites before reading them (transformers'
+        cumulative_length counters) are dropped, their copy-backs with them: see overwritten_buffers.py.
+        False gives plain ExecuTorch behaviour.
       backend_config: the caller's ExecutorchBackendConfig; its memory planning and its own
         to_out_var_pass keep working (zero-copy composes onto it).
       engine_options: for "tensorrt" {"profiles": [...]}; for "aoti" {"compile_device": "cpu"|"cuda"}.
@@ -105,6 +108,10 @@ def export(
     declined = {}
     storage_keys = runtime_kv.storage_keys() if runtime_kv else {}
     decomposed = {method: _decomposed(program) for method, program in programs.items()}
+    if zero_copy_kv:
+        for method, buffers in drop_overwritten_buffers(decomposed, backend_config or ExecutorchBackendConfig()).items():
+            logger.info("zerokv: method '%s' drops buffers %s: every method overwrites them before reading them, "
+                        "so no value they hold outlives a step", method, buffers)
     _refuse_unshared_buffers(decomposed, zero_copy_kv, backend_config or ExecutorchBackendConfig())
     for method, program in decomposed.items():
         if runtime_kv:
@@ -152,13 +159,14 @@ def export(
 def _decomposed(program):
     program = program.run_decompositions(_decompositions())
     # The result shares the caller's constants table, where torch.export keeps non-persistent
-    # buffers (Hugging Face's caches and rotary inv_freq); lowering takes from it what delegates
-    # consume, which would break the caller's program. This copy has a table of its own.
+    # buffers (Hugging Face's caches and rotary inv_freq), and its state dict; lowering takes from
+    # them what delegates consume, and drop_overwritten_buffers what no step reads, which would break
+    # the caller's program. This copy has tables of its own.
     return torch.export.ExportedProgram(
         root=program.graph_module,
         graph=program.graph,
         graph_signature=program.graph_signature,
-        state_dict=program.state_dict,
+        state_dict=dict(program.state_dict),
         range_constraints=program.range_constraints,
         module_call_graph=program.module_call_graph,
         example_inputs=program.example_inputs,
