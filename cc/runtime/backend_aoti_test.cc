@@ -1,9 +1,13 @@
 // The backend end to end on the CPU, through ExecuTorch's BackendInterface, with a real
 // AOTInductor decode step (py/zerokv/aoti:decode_blobs) whose weight is named data in a real .ptd,
 // mapped: two steps, the second sees the KV the first wrote, and the engine wrote through the
-// caller's buffer (pointer and bytes). Then every refusal: a truncated or corrupt blob, missing or
+// caller's buffer (pointer and bytes); the package reaches libtorch's loader without a file of
+// the engine's under $TMPDIR. Then every refusal: a truncated or corrupt blob, missing or
 // wrong named data, a wrong argument count, a host-resident alias target, each a clear error with
 // the caller's buffers untouched.
+#include <sys/inotify.h>
+#include <unistd.h>
+
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -13,6 +17,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include <executorch/extension/data_loader/mmap_data_loader.h>
@@ -143,6 +148,73 @@ TEST_F(BackendAotiTest, TwoDecodeStepsWriteTheCallersCacheInPlace) {
     }
   }
   backend_->destroy(*handle);
+}
+
+// Sets an environment variable for a scope.
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const std::string& value) : name_(name) {
+    if (const char* old = std::getenv(name)) old_ = old;
+    setenv(name, value.c_str(), 1);
+  }
+  ~ScopedEnv() {
+    if (old_) {
+      setenv(name_, old_->c_str(), 1);
+    } else {
+      unsetenv(name_);
+    }
+  }
+
+ private:
+  const char* name_;
+  std::optional<std::string> old_;
+};
+
+// The names of what was created in (or moved into) the watched directory, each with whether it
+// is a directory, as inotify reported them since the last call.
+std::vector<std::pair<std::string, bool>> Created(int watch) {
+  std::vector<std::pair<std::string, bool>> created;
+  alignas(inotify_event) char buffer[4096];
+  ssize_t n;
+  while ((n = read(watch, buffer, sizeof(buffer))) > 0) {
+    for (char* at = buffer; at < buffer + n;) {
+      const auto* event = reinterpret_cast<const inotify_event*>(at);
+      created.emplace_back(event->len ? event->name : "", (event->mask & IN_ISDIR) != 0);
+      at += sizeof(inotify_event) + event->len;
+    }
+  }
+  return created;
+}
+
+// The engine writes no file under $TMPDIR: the package reaches libtorch's loader as a file in
+// memory. What appears there is the loader's own extraction directory (torch 2.13 unpacks the
+// package into $TMPDIR/aotinductor_XXXXXX and loads its wrapper .so from there), which goes with
+// the engine.
+TEST_F(BackendAotiTest, ThePackageIsNotWrittenToATemporaryFile) {
+  const char* test_tmpdir = std::getenv("TEST_TMPDIR");
+  ASSERT_NE(test_tmpdir, nullptr);
+  std::string tmpdir = std::string(test_tmpdir) + "/tmpdir_XXXXXX";
+  ASSERT_NE(mkdtemp(tmpdir.data()), nullptr) << tmpdir;
+  const int watch = inotify_init1(IN_NONBLOCK | IN_CLOEXEC);
+  ASSERT_GE(watch, 0);
+  ASSERT_GE(inotify_add_watch(watch, tmpdir.c_str(), IN_CREATE | IN_MOVED_TO), 0);
+  ScopedEnv env("TMPDIR", tmpdir);
+
+  std::vector<uint8_t> bytes = ReadBlob("DECODE_WEIGHTED_BLOB");
+  NamedData named_data("DECODE_WEIGHTED_PTD");
+  auto handle = Init(bytes, &*named_data.map);
+  ASSERT_TRUE(handle.ok());
+  for (const auto& [name, is_directory] : Created(watch)) {
+    EXPECT_TRUE(is_directory) << "a file was written under $TMPDIR: " << name;
+  }
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);
+  Step step(1.0f, 3);
+  ASSERT_EQ(Execute(*handle, {step.x.value(), step.pos.value(), cache.value(), step.attention.value()}),
+            Error::Ok);
+  EXPECT_EQ(step.attention.data()[0], 2.0f);  // 1.0 * make_decode_blob.py's weight[0][0]
+  backend_->destroy(*handle);
+  EXPECT_EQ(rmdir(tmpdir.c_str()), 0) << tmpdir << " is not empty after the engine is gone";
+  close(watch);
 }
 
 TEST_F(BackendAotiTest, NotElidedBlobTakesTheAliasedOutputArgument) {

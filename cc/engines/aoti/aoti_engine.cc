@@ -1,9 +1,9 @@
 #include "cc/engines/aoti/aoti_engine.h"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
-#include <cstdio>
-#include <cstdlib>
+#include <cerrno>
 #include <cstring>
 #include <exception>
 #include <map>
@@ -59,35 +59,68 @@ at::ScalarType ToTorch(blob::DType dtype) {
   return static_cast<at::ScalarType>(*blob::ScalarTypeCode(dtype));
 }
 
-// Writes the payload (kernel code) where AOTIModelPackageLoader can open it (it takes a path) and
-// removes it once loaded: the loader extracts what it needs into a directory of its own.
-class PayloadFile {
+// The payload (kernel code and metadata, no weights) as a file in memory, for
+// AOTIModelPackageLoader, which takes a path: it opens /proc/self/fd/N like any file, with no
+// suffix required. Nothing of the engine's goes to disk, and the copy is freed once the loader has
+// read it. The loader itself (torch 2.13) still unpacks the package into
+// $TMPDIR/aotinductor_XXXXXX (wrapper .so, kernel sources, metadata JSON) and loads the .so from
+// there until it is destroyed: it has no in-memory route, and $TMPDIR is the one knob.
+class InMemoryPackage {
  public:
+  InMemoryPackage() = default;
+  InMemoryPackage(const InMemoryPackage&) = delete;
+  InMemoryPackage& operator=(const InMemoryPackage&) = delete;
+  ~InMemoryPackage() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+
   Status Write(const uint8_t* data, size_t size) {
-    const char* tmp = std::getenv("TMPDIR");
-    path_ = std::string(tmp && *tmp ? tmp : "/tmp") + "/zerokv_aoti_XXXXXX.pt2";
-    int fd = mkstemps(path_.data(), 4);
-    if (fd < 0) return Internal("cannot create a temporary file for the AOTInductor package");
-    size_t written = 0;
-    while (written < size) {
-      ssize_t n = ::write(fd, data + written, size - written);
+    fd_ = memfd_create("zerokv_aoti_package", MFD_CLOEXEC);
+    if (fd_ < 0) {
+      return Internal(std::string("cannot create an in-memory file for the AOTInductor package: ") +
+                      std::strerror(errno));
+    }
+    for (size_t written = 0; written < size;) {
+      const ssize_t n = ::write(fd_, data + written, size - written);
+      if (n < 0 && errno == EINTR) continue;
       if (n <= 0) {
-        ::close(fd);
-        return Internal("cannot write the AOTInductor package to " + path_);
+        return Internal("cannot write the AOTInductor package (" + std::to_string(size) +
+                        " bytes) to an in-memory file: " +
+                        (n < 0 ? std::strerror(errno) : "the write made no progress"));
       }
       written += static_cast<size_t>(n);
     }
-    ::close(fd);
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
+    if (::access(path_.c_str(), R_OK) != 0) {
+      return Internal("the in-memory AOTInductor package cannot be opened as " + path_ +
+                      " (is /proc mounted?): " + std::strerror(errno));
+    }
     return Status::Ok();
   }
   const std::string& path() const { return path_; }
-  ~PayloadFile() {
-    if (!path_.empty()) std::remove(path_.c_str());
-  }
 
  private:
+  int fd_ = -1;
   std::string path_;
 };
+
+// The package in the blob's payload, loaded by libtorch. Its in-memory copy goes once the loader
+// has read it.
+Status LoadPackage(const blob::Blob& blob,
+                   std::unique_ptr<torch::inductor::AOTIModelPackageLoader>* loader) {
+  InMemoryPackage package;
+  ZEROKV_RETURN_IF_ERROR(package.Write(blob.payload, blob.payload_size));
+  try {
+    // Single-threaded: the runtime runs a delegate on one thread at a time and orders its runs on
+    // their streams; the threaded container would also query an event of its last run, which a CUDA
+    // graph capture refuses (and which a captured run leaves unusable).
+    *loader = std::make_unique<torch::inductor::AOTIModelPackageLoader>(package.path(), "model",
+                                                                        /*run_single_threaded=*/true);
+  } catch (const std::exception& error) {
+    return InvalidProgram(std::string("the AOTInductor payload does not load: ") + error.what());
+  }
+  return Status::Ok();
+}
 
 // A named data entry as an engine's constants read it.
 struct Entry {
@@ -155,8 +188,6 @@ bool ViewBytes(const blob::Constant& constant, size_t element_size, uint64_t* by
 class AotiEngine final : public Engine {
  public:
   Status Load(const blob::Blob& blob, const NamedDataMap* named_data) {
-    PayloadFile file;
-    ZEROKV_RETURN_IF_ERROR(file.Write(blob.payload, blob.payload_size));
 #ifdef ZEROKV_WITH_CUDA
     // A CUDA package loads onto the current device. Which kind the package is, its metadata says
     // only once it is loaded; a host package needs no device, so a machine without a GPU (where
@@ -164,15 +195,7 @@ class AotiEngine final : public Engine {
     const cudaError_t selected = cudaSetDevice(blob.device_id);
     if (selected != cudaSuccess) cudaGetLastError();  // for a host package, no error: cleared
 #endif
-    try {
-      // Single-threaded: the runtime runs a delegate on one thread at a time and orders its runs
-      // on their streams; the threaded container would also query an event of its last run, which
-      // a CUDA graph capture refuses (and which a captured run leaves unusable).
-      loader_ = std::make_unique<torch::inductor::AOTIModelPackageLoader>(file.path(), "model",
-                                                                          /*run_single_threaded=*/true);
-    } catch (const std::exception& error) {
-      return InvalidProgram(std::string("the AOTInductor payload does not load: ") + error.what());
-    }
+    ZEROKV_RETURN_IF_ERROR(LoadPackage(blob, &loader_));
     auto table = loader_->get_metadata();
     ZEROKV_RETURN_IF_ERROR(ReadBindings(std::map<std::string, std::string>(table.begin(), table.end())));
 #ifdef ZEROKV_WITH_CUDA

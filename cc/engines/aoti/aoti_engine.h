@@ -8,8 +8,9 @@
 // views of the mapped entries, never copied; on CUDA one copy onto the device, shared by every
 // engine of the process that reads the same entry (keys are content hashes), so a program's
 // prefill and decode delegates hold each weight once. Format 1 and 2 packages carry their weights
-// in their code and are loaded as they are. The package's code is written to a temporary file for
-// libtorch's loader, which extracts it into a directory of its own: kernel code only, no weights.
+// in their code and are loaded as they are. The package (kernel code only, no weights) reaches
+// libtorch's loader as a file in memory (memfd); the loader itself unpacks it into
+// $TMPDIR/aotinductor_XXXXXX and loads its wrapper .so from there while the engine lives.
 //
 // The package carries its own binding table in its AOTInductor metadata (written by compile_aoti,
 // read back here), so that the runtime checks the blob against what the engine reports rather
