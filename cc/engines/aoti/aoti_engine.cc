@@ -5,6 +5,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <atomic>
 #include <exception>
 #include <map>
 #include <memory>
@@ -29,6 +30,8 @@
 
 namespace zerokv::engines {
 namespace {
+
+std::atomic<uint64_t> cuda_graph_replays{0};
 
 using base::Internal;
 using base::InvalidProgram;
@@ -340,12 +343,7 @@ class AotiEngine final : public Engine {
     // a capture takes them from the graph's private memory pool.
     c10::cuda::CUDAStreamGuard guard(torch_stream);
     if (graph_ && graph_key_ == key) {
-      try {
-        graph_->replay();
-      } catch (const std::exception& error) {
-        return Internal(std::string("replaying the AOTInductor CUDA graph failed: ") + error.what());
-      }
-      return Status::Ok();
+      return Replay();
     }
     graph_.reset();
     if (!(seen_key_ == key)) {
@@ -380,11 +378,16 @@ class AotiEngine final : public Engine {
     }
     graph_ = std::move(graph);
     graph_key_ = std::move(key);
+    return Replay();
+  }
+
+  Status Replay() {
     try {
       graph_->replay();
     } catch (const std::exception& error) {
       return Internal(std::string("replaying the AOTInductor CUDA graph failed: ") + error.what());
     }
+    cuda_graph_replays.fetch_add(1, std::memory_order_relaxed);
     return Status::Ok();
   }
 #endif
@@ -565,6 +568,8 @@ class AotiEngine final : public Engine {
 const bool registered = RegisterEngineFactory(blob::EngineKind::kAoti, CreateAotiEngine);
 
 }  // namespace
+
+uint64_t CudaGraphReplays() { return cuda_graph_replays.load(std::memory_order_relaxed); }
 
 Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,
                         std::unique_ptr<Engine>* engine) {

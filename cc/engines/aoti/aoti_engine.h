@@ -37,12 +37,17 @@
 // Linking //cc/engines/aoti (alwayslink) registers the factory for blob::EngineKind::kAoti.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "cc/blob/blob.h"
 #include "cc/engines/engine.h"
 
 namespace zerokv::engines {
+
+// CUDA graph replays by every AOTInductor engine of the process so far: what the checks count to
+// tell replayed runs from runs that went on uncaptured (0 where graphs are off or not built).
+uint64_t CudaGraphReplays();
 
 // Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package) and its
 // constants from `named_data`.

@@ -39,6 +39,7 @@
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "cc/engines/aoti/aoti_engine.h"
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
@@ -149,6 +150,7 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
             module.load_method("prefill") == executorch::runtime::Error::Ok,
         "%s: cannot load its methods", program.c_str());
   zerokv_kv_sequence_select(nullptr);
+  const uint64_t replays_before = zerokv::engines::CudaGraphReplays();
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double min_cosine = 1, max_error = 0;
@@ -177,13 +179,18 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
   CUDA_OK(cudaStreamDestroy(stream));
   zerokv_kv_sequence_release(caches);
   CHECK(metrics.growths > 0, "the caches never grew: the check would not cover growth");
+  // Graphs or not, the logits above are eager's; this says which the steps were.
+  const uint64_t replays = zerokv::engines::CudaGraphReplays() - replays_before;
+  const bool graphs = program == "kv_decode_graph";
+  CHECK(graphs ? replays > 0 : replays == 0, "%s: %llu CUDA graph replays", program.c_str(),
+        static_cast<unsigned long long>(replays));
   std::printf("%s %s %s: prefill %lld + %lld decode steps, min cosine %.7f, max error %.2e (of the largest logit), "
-              "capacity %llu, %llu growths (all layers) moved %llu bytes, %d failures\n",
+              "capacity %llu, %llu growths (all layers) moved %llu bytes, %llu graph replays, %d failures\n",
               program.c_str(), caller_stream ? "caller-stream" : "own-stream", failures == 0 ? "PASS" : "FAIL",
               static_cast<long long>(prompt), static_cast<long long>(steps), min_cosine, max_error,
               static_cast<unsigned long long>(metrics.capacity / layers),
               static_cast<unsigned long long>(metrics.growths), static_cast<unsigned long long>(metrics.bytes_moved),
-              failures);
+              static_cast<unsigned long long>(replays), failures);
   if (!growing_steps.empty() && !plain_steps.empty()) {
     std::printf("decode step: median %.3f ms without a growth (%zu steps), %.3f ms with one (%zu steps)\n",
                 Median(plain_steps), plain_steps.size(), Median(growing_steps), growing_steps.size());
