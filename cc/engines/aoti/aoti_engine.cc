@@ -3,9 +3,10 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include <cerrno>
-#include <cstring>
 #include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
 #include <exception>
 #include <map>
 #include <memory>
@@ -331,14 +332,14 @@ class AotiEngine final : public Engine {
 
   // A binding seen for the first time runs as it is (its first run also initializes what a capture
   // must not: libraries' handles and workspaces, lazily loaded kernels). Seen twice in a row, it is
-  // captured, and replayed for as long as it stays. Nothing a run computes on the host depends on
-  // the bound data (positions and tokens are read on the device), so a replay computes what a run
-  // would. A capture that fails (a package that reads device data on the host, the legacy default
-  // stream) turns graphs off for this engine, saying so once.
+  // captured, and replayed for as long as it stays. What a run decides on the host comes from the
+  // key (shapes), not from the bound data: a package that reads device data on the host needs a
+  // synchronous copy, which the capture refuses. A capture that fails (that, or the legacy default
+  // stream) turns graphs off for this engine, saying so once, and the run goes on uncaptured.
   Status EnqueueGraph(StreamHandle stream) {
     GraphKey key = CurrentKey(stream);
-    const c10::cuda::CUDAStream torch_stream =
-        c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index_));
+    const c10::cuda::CUDAStream torch_stream = c10::cuda::getStreamFromExternal(
+        static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index_));
     // The package allocates its intermediates and outputs on torch's current stream: ours, so that
     // a capture takes them from the graph's private memory pool.
     c10::cuda::CUDAStreamGuard guard(torch_stream);
@@ -557,8 +558,8 @@ class AotiEngine final : public Engine {
   std::vector<std::shared_ptr<Entry>> entries_;  // what the constants view
   std::unordered_map<std::string, at::Tensor> constants_;
   std::vector<at::Tensor> outputs_;
-  bool cuda_graph_ = false;  // zerokv.cuda_graph: capture runs, replay them
 #ifdef ZEROKV_WITH_TORCH_CUDA
+  bool cuda_graph_ = false;                     // zerokv.cuda_graph: capture runs, replay them
   GraphKey seen_key_;                           // the binding of the last run
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  // captured for graph_key_
   GraphKey graph_key_;

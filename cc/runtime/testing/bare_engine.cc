@@ -56,7 +56,9 @@ BareEngine::BareEngine(const std::string& blob_path, const std::string& data_pat
       owned_.push_back(data);
     }
     address_[binding.name] = data;
-    if (binding.direction == blob::Direction::kInput) Require(engine_->SetInputShape(binding.name, shape), binding.name);
+    if (binding.direction == blob::Direction::kInput) {
+      Require(engine_->SetInputShape(binding.name, shape), binding.name);
+    }
     Require(engine_->SetAddress(binding.name, data, bytes), binding.name);
   }
 }
