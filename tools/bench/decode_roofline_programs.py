@@ -84,7 +84,7 @@ def export_runtime_owned(directory, shape, max_cache, initial_capacity):
 
 def export_static(directory, shape, max_cache, zero_copy):
     import zerokv.executorch as zx
-    from zerokv.executorch.delegates import delegate_nodes
+    from zerokv.executorch.delegates import sole_delegate_blob
 
     model = _model(shape)
     with torch.no_grad():
@@ -94,9 +94,8 @@ def export_static(directory, shape, max_cache, zero_copy):
     os.makedirs(directory, exist_ok=True)
     zx.save(manager, os.path.join(directory, "zero_copy.pte" if zero_copy else "staged.pte"))
     if zero_copy:
-        (_, lowered), = delegate_nodes(manager.exported_program("forward").graph_module)
         with open(os.path.join(directory, "engine.blob"), "wb") as out:
-            out.write(lowered.processed_bytes)
+            out.write(sole_delegate_blob(manager.exported_program("forward").graph_module))
     return "static zero-copy" if zero_copy else "static staged"
 
 

@@ -86,7 +86,7 @@ def export_check(directory, device):
 
 def export_bench(directory, context, zero_copy, device):
     import zerokv.executorch as zx
-    from zerokv.executorch.delegates import delegate_nodes
+    from zerokv.executorch.delegates import sole_delegate_blob
 
     model = LlamaDecoder(BENCH_CONFIG, max_seq=context).eval()
     with torch.no_grad():
@@ -95,9 +95,8 @@ def export_bench(directory, context, zero_copy, device):
     os.makedirs(directory, exist_ok=True)
     zx.save(manager, os.path.join(directory, "zero_copy.pte" if zero_copy else "staged.pte"))
     if zero_copy:
-        (_, lowered), = delegate_nodes(manager.exported_program("forward").graph_module)
         with open(os.path.join(directory, "engine.blob"), "wb") as out:
-            out.write(lowered.processed_bytes)
+            out.write(sole_delegate_blob(manager.exported_program("forward").graph_module))
     return f"{context} {'zero-copy' if zero_copy else 'staged'}"
 
 

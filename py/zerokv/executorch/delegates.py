@@ -9,6 +9,7 @@ from executorch.exir.delegate import executorch_call_delegate
 from executorch.exir.passes.propagate_device_pass import _get_lowered_module
 
 from zerokv import blob
+from zerokv.errors import ZeroKVError
 
 # Node meta key on a cache placeholder whose write was promised to land in place (value: its FQN).
 ALIASED_BUFFER = "zerokv_aliased_buffer"
@@ -30,6 +31,15 @@ def delegate_nodes(graph_module):
 
 def is_zerokv_delegate(lowered_module) -> bool:
     return getattr(lowered_module, "backend_id", None) == BACKEND_ID
+
+
+def sole_delegate_blob(graph_module) -> bytes:
+    """The blob of a lowered method's one zerokv delegate (what a bare engine runs), or ZeroKVError
+    saying how many the method has."""
+    blobs = [lowered.processed_bytes for _, lowered in delegate_nodes(graph_module) if is_zerokv_delegate(lowered)]
+    if len(blobs) != 1:
+        raise ZeroKVError(f"expected one zerokv delegate in the method, found {len(blobs)}")
+    return blobs[0]
 
 
 def parsed_blob(lowered_module):
