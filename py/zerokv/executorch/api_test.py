@@ -6,7 +6,9 @@ import pytest
 import torch
 
 import zerokv.executorch as zx
+from zerokv import blob
 from zerokv.executorch import hf_decoders as hf
+from zerokv.executorch.delegates import sole_delegate_blob
 
 CPU = {"compile_device": "cpu"}
 
@@ -22,7 +24,8 @@ def test_export_leaves_the_callers_program_intact_and_exports_it_again():
     inputs = {"input_ids": torch.tensor([[3]]), "cache_position": torch.tensor([0])}
     expected = program.module()(**inputs)
 
-    zx.export({"decode": program}, engine="aoti", engine_options=CPU)
+    manager = zx.export({"decode": program}, engine="aoti", engine_options=CPU)
+    assert blob.parse(sole_delegate_blob(manager.exported_program("decode").graph_module)).metadata.bindings
     constants, state_dict, code, signature = _snapshot(program)
     assert constants.keys() == before[0].keys()
     assert all(constants[name] is value for name, value in before[0].items())
