@@ -11,6 +11,9 @@ import subprocess
 
 import pytest
 import torch
+from executorch.exir._serialize._program import deserialize_pte_binary
+
+from zerokv import blob
 
 from examples import hf_decode
 from examples.backend_library import load_backend
@@ -23,6 +26,7 @@ PTE_DIR = os.path.dirname(os.environ["PTE_DIR"])
 PROMPT = [5, 17, 42, 9, 3, 77]
 STEPS = 32
 MAX_CAPACITY = 128  # hf_decode's default, which the build-time programs were exported with
+GEMMA3_MAX_PREFILL = 8  # the gemma3 program's --max_prefill (BUILD.bazel): a ring the decode wraps often
 
 
 @pytest.mark.parametrize("family", hf.FAMILIES)
@@ -41,6 +45,41 @@ def test_gemma3_decodes_past_its_sliding_window():
     config = hf.tiny("gemma3").config
     assert any(hf.sliding_layers(config)) and not all(hf.sliding_layers(config))
     assert len(PROMPT) + STEPS > 2 * config.sliding_window
+
+
+def _kv_manifests(path):
+    """{method: {model layer: its KV manifest entry}} of the zerokv delegates of a .pte. A layer's
+    storage key ends with its K and V method inputs, "caches_<2 * layer>+caches_<2 * layer + 1>"."""
+    with open(path, "rb") as f:
+        program = deserialize_pte_binary(f.read()).program
+    manifests = {}
+    for plan in program.execution_plan:
+        for delegate in plan.delegates:
+            parsed = blob.parse(program.backend_delegate_data[delegate.processed.index].data)
+            for layer in parsed.metadata.kv_layers:
+                k_input = layer.storage_key.split("/")[-1].split("+")[0]
+                manifests.setdefault(plan.name, {})[int(k_input.removeprefix("caches_")) // 2] = layer
+    return manifests
+
+
+def test_gemma3_sliding_layers_are_rings_and_global_layers_flat():
+    config = hf.tiny("gemma3").config
+    # A prefill of T tokens writes before it attends: its first query needs the W - 1 positions
+    # before it, so the ring holds W + T_max - 1 slots, far fewer than the global layer's capacity.
+    ring = config.sliding_window + GEMMA3_MAX_PREFILL - 1
+    assert ring < MAX_CAPACITY and len(PROMPT) + STEPS > 3 * ring
+    manifests = _kv_manifests(os.path.join(PTE_DIR, "hf_decode_gemma3.pte"))
+    assert set(manifests) == {"prefill", "decode"}
+    for method, layers in manifests.items():
+        assert sorted(layers) == list(range(config.num_hidden_layers)), method
+        for index, sliding in enumerate(hf.sliding_layers(config)):
+            layer = layers[index]
+            if sliding:
+                assert (layer.policy, layer.window, layer.initial_capacity) == (blob.KVPolicy.RING, ring, ring), (
+                    method, index, layer)
+                assert layer.slots_binding, (method, index)
+            else:
+                assert (layer.policy, layer.max_capacity) == (blob.KVPolicy.FLAT, MAX_CAPACITY), (method, index)
 
 
 def test_the_program_carries_the_llm_metadata_methods():
