@@ -247,8 +247,8 @@ RING_SLOTS_INPUT = "ring_slots"  # CacheInputs' slots input, which the runtime f
 
 
 def step_inputs(config, input_ids):
-    """A step's method inputs after input_ids: cache_position and, with sliding layers, ring_slots.
-    The runtime fills both: the caller's values only give the step's width."""
+    """A step's method inputs: input_ids, cache_position and, with sliding layers, ring_slots. The
+    runtime fills the last two: their values only give the step's width."""
     width = torch.arange(input_ids.shape[1])
     return [input_ids, width] + ([width] if any(sliding_layers(config)) else [])
 
