@@ -5,10 +5,12 @@ greedy decode steps, against transformers' eager model. Nothing is downloaded.
     bazel run //examples:hf_decode -- --model=llama                        # small random config
     bazel run //examples:hf_decode -- --model=gemma3 --checkpoint=/path/to/dir   # config.json + safetensors
 
-Prints decode tokens per second, the bytes copied between host and device per step (ExecuTorch's copies
-of the method's inputs and outputs; the runtime-owned caches are never among them) and the agreement
-with eager (greedy tokens equal, minimum cosine similarity of every step's logits). The .pte also
-carries ExecuTorch's LLM metadata methods (get_max_seq_len, get_vocab_size, use_kv_cache, ...).
+Global layers' caches are flat (they grow up to --max_capacity); sliding-window layers' (Gemma-3's)
+are rings of sliding_window + --max_prefill - 1 slots. Prints decode tokens per second, the bytes
+copied between host and device per step (ExecuTorch's copies of the method's inputs and outputs; the
+runtime-owned caches are never among them) and the agreement with eager (greedy tokens equal, minimum
+cosine similarity of every step's logits). The .pte also carries ExecuTorch's LLM metadata methods
+(get_max_seq_len, get_vocab_size, use_kv_cache, ...).
 """
 
 from __future__ import annotations
@@ -28,7 +30,8 @@ flags.DEFINE_string("prompt", "5,17,42,9,3,77", "Prompt token ids, comma-separat
 flags.DEFINE_integer("steps", 32, "Greedy decode steps after the prefill.")
 flags.DEFINE_integer("max_capacity", 128, "Most positions a cache may hold.")
 flags.DEFINE_integer("initial_capacity", 16, "Positions the caches start with (they double on demand).")
-flags.DEFINE_integer("max_prefill", 32, "Most prompt tokens one prefill takes.")
+flags.DEFINE_integer("max_prefill", 32, "Most prompt tokens one prefill takes (a sliding layer's ring holds "
+                     "its window + max_prefill - 1 positions).")
 flags.DEFINE_integer("seed", 0, "Seed of the random config's weights.")
 flags.DEFINE_string("program", None, "Run this .pte (written by --export_only) instead of exporting.")
 flags.DEFINE_string("export_only", None, "Export to this .pte and exit.")
@@ -63,12 +66,12 @@ def export_program(model, *, max_capacity: int, initial_capacity: int, max_prefi
 
     with _progress(3, "export") as bar:
         bar.set_postfix_str("tracing prefill and decode")
-        programs = hf.export_programs(model, max_capacity, max_prefill)
+        programs, runtime_kv = hf.export_programs(model, max_capacity, max_prefill, initial_capacity)
         bar.update()
         bar.set_postfix_str("lowering and compiling 2 AOTInductor engines (cpu)")
         started = time.monotonic()
         manager = zx.export(programs, engine="aoti", engine_options={"compile_device": "cpu"},
-                            runtime_kv=hf.runtime_kv_for(model.config, max_capacity, initial_capacity),
+                            runtime_kv=runtime_kv,
                             constant_methods=hf.constant_methods(model, max_capacity))
         bar.update()
         bar.set_postfix_str(f"compiled in {time.monotonic() - started:.0f} s")
@@ -91,8 +94,8 @@ def run_decode(library, program_path: str, model, prompt: list, steps: int) -> R
     def copied():
         return library.zerokv_host_to_device_bytes() + library.zerokv_device_to_host_bytes()
 
-    # The runtime supplies the positions: cache_position only gives the step's width.
-    (logits,) = prefill.execute([prompt, torch.arange(prompt.shape[1])])
+    # The runtime supplies the positions (and a ring's slots): the inputs only give the step's width.
+    (logits,) = prefill.execute(hf.step_inputs(model.config, prompt))
     logits = logits[:, -1]
     tokens, cosines = [int(logits.argmax(-1))], []
     cosines.append(float(torch.nn.functional.cosine_similarity(logits, eager_logits[0])))
@@ -100,7 +103,7 @@ def run_decode(library, program_path: str, model, prompt: list, steps: int) -> R
     for step in tqdm(range(1, steps + 1), desc="decode", unit="token", file=sys.stderr):
         before = copied()
         started = time.perf_counter()
-        (logits,) = decode.execute([torch.tensor([[tokens[-1]]]), torch.tensor([0])])
+        (logits,) = decode.execute(hf.step_inputs(model.config, torch.tensor([[tokens[-1]]])))
         step_seconds.append(time.perf_counter() - started)
         copied_per_step.append(copied() - before)
         logits = logits[:, -1]
@@ -116,7 +119,7 @@ def print_report(report: Report, model):
           f"{config.num_attention_heads} query / {config.num_key_value_heads} KV heads, vocab {config.vocab_size}")
     print(f"decode: {len(report.step_seconds)} steps, {report.tokens_per_second:.1f} tokens/s")
     print(f"bytes copied host<->device per decode step: max {max(report.copied_bytes_per_step)} "
-          "(token + position in, logits out; the KV caches are runtime-owned, written in place)")
+          "(token, position and any ring slots in, logits out; the KV caches are runtime-owned, written in place)")
     agree = sum(a == b for a, b in zip(report.tokens, report.eager_tokens))
     print(f"agreement with eager: greedy tokens {agree}/{len(report.tokens)} equal, "
           f"min cosine similarity of the logits {min(report.cosines):.6f}")

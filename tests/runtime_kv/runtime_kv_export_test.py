@@ -5,10 +5,11 @@ Each refusal names the input and the method."""
 
 import pytest
 import torch
+from torch.export.graph_signature import InputKind
 
 import zerokv.executorch as zx
 from tests.runtime_kv import make_program as spec
-from zerokv.executorch import runtime_kv_models as models
+from zerokv.executorch import runtime_kv, runtime_kv_models as models
 
 
 def _export(programs, runtime_kv):
@@ -66,3 +67,24 @@ def test_a_positions_input_read_outside_the_owning_delegate_is_refused():
     with pytest.raises(zx.RuntimeKVError,
                        match="method 'decode': the positions input 'position' is read outside the zerokv delegate"):
         _export({"decode": program}, _flat())
+
+
+class _RingFirst(torch.nn.Module):
+    """A delegate's program whose first user input is a cache, and whose two caches differ in extent."""
+
+    def forward(self, ring, tokens, flat):
+        return ring[:, :, :1] + flat[:, :, -1:] + tokens
+
+
+def test_bound_caches_keep_their_specs_order_when_the_first_user_input_is_one():
+    # ExecuTorch unlifts buffers by position (input specs against placeholders): a cache bound
+    # out of order would run a program's shape propagation with another cache's extent.
+    caches = (torch.zeros(1, 2, 11, 4), torch.zeros(1, 2, 128, 4))
+    program = torch.export.export(_RingFirst(), (caches[0], torch.zeros(1, 2, 1, 4), caches[1]),
+                                  dynamic_shapes=({2: torch.export.Dim("ring", min=2, max=11)}, None,
+                                                  {2: torch.export.Dim("capacity", min=2, max=128)}))
+    runtime_kv._bind_inside(program, [0, 2])
+    placeholders = list(program.graph.find_nodes(op="placeholder"))
+    assert [node.name for node in placeholders] == [spec.arg.name for spec in program.graph_signature.input_specs]
+    assert [program.state_dict[spec.target].shape[2] for spec in program.graph_signature.input_specs
+            if spec.kind == InputKind.BUFFER] == [11, 128]

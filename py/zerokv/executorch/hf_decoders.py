@@ -6,10 +6,12 @@ Two forms:
     per-layer K/V buffers written with index_copy_, a rotary inv_freq and per-layer cumulative_length
     buffers. One method only: ExecuTorch gives each method its own copy of a buffer.
   - CacheInputs (export_programs): the same model with its caches as method inputs, so that a prefill
-    and a decode method share runtime-owned caches (runtime_kv_for). The attention, masks and rotary
-    embeddings are transformers' own: only the cache layer differs, writing the step's K/V at the
-    positions the runtime supplies (the `cache_position` input) into a cache whose positions axis
-    is dynamic (the runtime grows it).
+    and a decode method share runtime-owned caches (the RuntimeKV export_programs returns). The attention and rotary
+    embeddings are transformers' own, and so are the mask functions' formats (its mask interface):
+    only the cache layer differs, writing the step's K/V where the runtime says, and the masks,
+    built here from the runtime's positions. Global layers keep every position in a flat cache the
+    runtime grows (written at the `cache_position` input); sliding-window layers keep the last
+    positions in a ring the runtime never grows (written at the `ring_slots` input).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from transformers import (
 )
 from transformers.cache_utils import Cache, CacheLayerMixin
 from transformers.integrations.executorch import TorchExportableModuleForDecoderOnlyLM
+from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, causal_mask_function
 
 import zerokv.executorch as zx
 
@@ -77,8 +80,8 @@ def _refuse_rolling_sliding_layers(model, max_cache_len: int):
         raise zx.ZeroKVError(
             f"{model.config.model_type} layers {rolling}: transformers' static sliding-window cache ({window} "
             f"positions, < max_cache_len {max_cache_len}) cannot be exported: its roll-over is not in the "
-            "traced program. Export with CacheInputs (export_programs), whose sliding layers keep every "
-            "position and apply the window in their mask")
+            "traced program. Export with CacheInputs (export_programs), whose sliding layers are "
+            "runtime-owned ring caches")
 
 
 def export_decode(model):
@@ -100,13 +103,14 @@ def export_prefill(model, max_tokens: int = MAX_CACHE_LEN // 2):
 
 
 class _InputCacheLayer(CacheLayerMixin):
-    """One layer's K and V, method inputs [1, kv_heads, capacity, head_dim], written at `positions`."""
+    """One layer's K and V, method inputs [1, kv_heads, capacity or ring slots, head_dim], written
+    along dim 2 at `index` (a flat layer's step positions, a ring layer's slots)."""
 
     is_compileable = True
 
-    def __init__(self, keys, values, positions, sliding: bool):
+    def __init__(self, keys, values, positions, index, sliding: bool):
         super().__init__()
-        self.keys, self.values, self.positions = keys, values, positions
+        self.keys, self.values, self.positions, self.index = keys, values, positions, index
         self.is_sliding = sliding
         self.is_initialized = True
 
@@ -114,12 +118,12 @@ class _InputCacheLayer(CacheLayerMixin):
         raise AssertionError("the caches are the method's inputs, never allocated by transformers")
 
     def update(self, key_states, value_states, *args, **kwargs):
-        self.keys.index_copy_(2, self.positions, key_states)
-        self.values.index_copy_(2, self.positions, value_states)
+        self.keys.index_copy_(2, self.index, key_states)
+        self.values.index_copy_(2, self.index, value_states)
         return self.keys, self.values
 
     def get_mask_sizes(self, query_length):
-        # The whole cache, masked by position: a sliding layer's window is in its mask, not its size.
+        # The whole cache: a ring's slots or a flat cache's capacity (CacheInputs masks it by position).
         return self.keys.shape[2], 0
 
     def get_seq_length(self):
@@ -129,34 +133,104 @@ class _InputCacheLayer(CacheLayerMixin):
         return self.keys.shape[2]
 
 
-class CacheInputs(torch.nn.Module):
-    """forward(input_ids [1, T], cache_position [T], k_0, v_0, k_1, v_1, ...) -> logits [1, T, vocab].
+def _ring_mask_function(last, slots: int, window: int):
+    """Over a ring of `slots` slots after a step whose last position is `last`: slot s holds position
+    last - ((last - s) mod slots), none yet while that is negative. Keys carry their rotary embedding
+    from before they were cached, so their order in the ring does not matter: a query at q attends
+    the slots holding positions in (q - window, q], transformers' sliding window."""
 
-    The caches are written in place at cache_position (the runtime's positions when they are
-    runtime-owned). Sliding-window layers keep every position in a flat cache; their window is
-    applied by transformers' sliding mask, so they attend exactly as in eager.
+    def inner(batch_idx, head_idx, q_idx, kv_idx):
+        held = last - torch.remainder(last - kv_idx, slots)
+        return (held >= 0) & (held > q_idx - window) & (held <= q_idx)
+
+    return inner
+
+
+class CacheInputs(torch.nn.Module):
+    """forward(input_ids [1, T], cache_position [T], k_0, v_0, k_1, v_1, ..., ring_slots=[T]) -> logits
+    [1, T, vocab]; ring_slots only when the model has sliding-window layers.
+
+    The caches are written in place: a global layer's flat cache at cache_position, a sliding
+    layer's ring at ring_slots (the runtime's positions and slots when they are runtime-owned). The
+    masks are built here, as transformers' mask interface formats them for the attention
+    implementation: causal over a flat cache, the window over what a ring holds.
     """
 
     def __init__(self, model):
         super().__init__()
+        config = model.config
         self.model = model
-        self.sliding = sliding_layers(model.config)
+        self.sliding = sliding_layers(config)
+        unknown = sorted(set(getattr(config, "layer_types", None) or ()) - {"full_attention", "sliding_attention"})
+        if unknown:
+            raise zx.ZeroKVError(f"{config.model_type}: layer types {unknown} have no mask here (only "
+                                 "full_attention, causal, and sliding_attention, a ring's window)")
+        if any(self.sliding):
+            if config._attn_implementation not in ("sdpa", "eager"):
+                raise zx.ZeroKVError(
+                    f"{config.model_type}: attention implementation {config._attn_implementation!r} takes no "
+                    "4-D mask, and the ring caches of its sliding layers need one: load it with "
+                    "attn_implementation='sdpa' or 'eager'")
+            if getattr(config, "use_bidirectional_attention", False):
+                raise zx.ZeroKVError(f"{config.model_type}: bidirectional sliding attention reads positions after "
+                                     "the query, which a ring cache written step by step does not hold yet")
 
-    def forward(self, input_ids, cache_position, *caches):
+    def forward(self, input_ids, cache_position, *caches, ring_slots=None):
         # The runtime fills cache_position with consecutive positions; writing at the first plus an
         # arange says so to the engines (TensorRT writes in place only where it can prove it).
         positions = torch.arange(input_ids.shape[1]) + cache_position[0]
-        layers = [_InputCacheLayer(caches[2 * index], caches[2 * index + 1], positions, sliding)
+        layers = [_InputCacheLayer(caches[2 * index], caches[2 * index + 1], positions,
+                                   ring_slots if sliding else positions, sliding)
                   for index, sliding in enumerate(self.sliding)]
-        out = self.model(input_ids=input_ids, position_ids=cache_position.unsqueeze(0),
-                         past_key_values=Cache(layers=layers), use_cache=True)
+        out = self.model(input_ids=input_ids, position_ids=positions.unsqueeze(0),
+                         attention_mask=self._masks(positions, layers), past_key_values=Cache(layers=layers),
+                         use_cache=True)
         return out.logits
+
+    def _masks(self, positions, layers):
+        """Causal over a global layer's flat cache; with sliding layers, a mapping by layer type (as
+        transformers' hybrid models take it) that adds the window over a ring's slots."""
+        config = self.model.config
+        interface = ALL_MASK_ATTENTION_FUNCTIONS[config._attn_implementation]
+        masks = {}
+        for layer in layers:
+            kind = "sliding_attention" if layer.is_sliding else "full_attention"
+            if kind in masks:
+                continue
+            slots = layer.keys.shape[2]
+            mask_function = (_ring_mask_function(positions[-1], slots, config.sliding_window) if layer.is_sliding
+                             else causal_mask_function)
+            masks[kind] = interface(batch_size=1, q_length=positions.shape[0], kv_length=slots,
+                                    q_offset=positions[0], kv_offset=0, mask_function=mask_function,
+                                    allow_is_causal_skip=False, dtype=self.model.dtype, config=config,
+                                    device=positions.device)
+        return masks if any(self.sliding) else masks["full_attention"]
 
 
 def sliding_layers(config):
     """Per layer: whether it attends over a sliding window."""
     types = getattr(config, "layer_types", None) or ["full_attention"] * config.num_hidden_layers
     return [kind == "sliding_attention" for kind in types]
+
+
+def ring_slots(config, max_capacity: int, max_prefill: int) -> int:
+    """The slots of a sliding layer's ring cache. A step of T tokens writes its positions p0..p0+T-1
+    before it attends, and its query at p needs the keys at (p - W, p] (W the sliding window): a ring
+    of W + T - 1 slots or more overwrites none of them, and the widest step is the prefill's. With a
+    global layer, no position reaches its max_capacity (the runtime refuses the step), so a ring of
+    max_capacity slots never wraps: exact for any window. 0 without sliding layers."""
+    layers = [index for index, sliding in enumerate(sliding_layers(config)) if sliding]
+    if not layers:
+        return 0
+    slots = config.sliding_window + max_prefill - 1
+    if slots <= max_capacity:
+        return slots
+    if len(layers) < config.num_hidden_layers:
+        return max_capacity
+    raise zx.ZeroKVError(
+        f"{config.model_type} sliding layers {layers}: a ring for window {config.sliding_window} and prefills of "
+        f"{max_prefill} tokens needs {slots} slots, more than max_capacity {max_capacity}, and no global layer "
+        "bounds the positions: raise max_capacity or lower max_prefill")
 
 
 def cache_shape(config, capacity: int):
@@ -169,33 +243,64 @@ def cache_input_names(config):
     return [f"caches_{index}" for index in range(2 * config.num_hidden_layers)]
 
 
-def export_step(model, tokens, max_capacity: int, max_tokens: int):
+RING_SLOTS_INPUT = "ring_slots"  # CacheInputs' slots input, which the runtime fills for its rings
+
+
+def step_inputs(config, input_ids):
+    """A step's method inputs: input_ids, cache_position and, with sliding layers, ring_slots. The
+    runtime fills the last two: their values only give the step's width."""
+    width = torch.arange(input_ids.shape[1])
+    return [input_ids, width] + ([width] if any(sliding_layers(config)) else [])
+
+
+def export_step(model, tokens, max_capacity: int, max_tokens: int, slots: int):
     """CacheInputs over `tokens` tokens (1: static; more: dynamic in [2, max_tokens]) with a dynamic
-    cache capacity up to max_capacity."""
+    flat capacity up to max_capacity and, for sliding layers, rings of `slots` slots (dynamic too:
+    the runtime binds its own storage)."""
+    config = model.config
+    sliding = sliding_layers(config)
     wrapper = CacheInputs(model).eval()
-    caches = tuple(torch.zeros(cache_shape(model.config, max_capacity), dtype=model.dtype)
-                   for _ in range(2 * model.config.num_hidden_layers))
+    extents = [slots if ring else max_capacity for ring in sliding for _ in "kv"]
+    caches = tuple(torch.zeros(cache_shape(config, extent), dtype=model.dtype) for extent in extents)
     capacity = torch.export.Dim("capacity", min=2, max=max_capacity)
+    ring = torch.export.Dim("ring", min=2, max=slots) if any(sliding) else None
     width = torch.export.Dim("tokens", min=2, max=max_tokens) if tokens > 1 else None
+    kwargs, dynamic_kwargs = {}, {}
+    if any(sliding):
+        kwargs[RING_SLOTS_INPUT] = torch.arange(tokens)
+        dynamic_kwargs[RING_SLOTS_INPUT] = {0: width} if width else None
     with torch.no_grad():
         return torch.export.export(
-            wrapper, (torch.zeros(1, tokens, dtype=torch.long), torch.arange(tokens), *caches),
-            dynamic_shapes=({1: width} if width else None, {0: width} if width else None,
-                            tuple({2: capacity} for _ in caches)))
+            wrapper, (torch.zeros(1, tokens, dtype=torch.long), torch.arange(tokens), *caches), kwargs=kwargs,
+            dynamic_shapes={"input_ids": {1: width} if width else None,
+                            "cache_position": {0: width} if width else None,
+                            "caches": tuple({2: ring if is_ring else capacity}
+                                            for is_ring in sliding for _ in "kv"),
+                            **dynamic_kwargs})
 
 
-def export_programs(model, max_capacity: int, max_prefill: int):
-    """{"prefill": (T dynamic in [2, max_prefill]), "decode": (1 token)} over cache inputs."""
-    return {"prefill": export_step(model, 4, max_capacity, max_prefill),
-            "decode": export_step(model, 1, max_capacity, 1)}
+def export_programs(model, max_capacity: int, max_prefill: int, initial_capacity: int):
+    """({"prefill": (T dynamic in [2, max_prefill]), "decode": (1 token)} over cache inputs, the
+    RuntimeKV of their caches). One ring size for both: a ring sized for narrower prefills than the
+    program takes would silently drop keys its queries need."""
+    slots = ring_slots(model.config, max_capacity, max_prefill)
+    programs = {"prefill": export_step(model, 4, max_capacity, max_prefill, slots),
+                "decode": export_step(model, 1, max_capacity, 1, slots)}
+    return programs, _runtime_kv(model.config, max_capacity, initial_capacity, slots)
 
 
-def runtime_kv_for(config, max_capacity: int, initial_capacity: int) -> zx.RuntimeKV:
-    """Every layer's caches runtime-owned and flat (sliding layers too: see CacheInputs)."""
+def _runtime_kv(config, max_capacity: int, initial_capacity: int, slots: int) -> zx.RuntimeKV:
+    """Every layer's caches runtime-owned: a global layer's flat, a sliding layer's a ring of `slots`."""
     names = cache_input_names(config)
-    layers = tuple(zx.KVCacheLayer(names[2 * index], names[2 * index + 1], max_capacity=max_capacity,
-                                   initial_capacity=initial_capacity)
-                   for index in range(config.num_hidden_layers))
+
+    def layer(index, sliding):
+        k_input, v_input = names[2 * index], names[2 * index + 1]
+        if sliding:
+            return zx.KVCacheLayer(k_input, v_input, max_capacity=slots, initial_capacity=slots, policy="ring",
+                                   window=slots, slots=RING_SLOTS_INPUT)
+        return zx.KVCacheLayer(k_input, v_input, max_capacity=max_capacity, initial_capacity=initial_capacity)
+
+    layers = tuple(layer(index, sliding) for index, sliding in enumerate(sliding_layers(config)))
     return zx.RuntimeKV(layers=layers, step_width=("input_ids", 1), positions="cache_position")
 
 

@@ -295,7 +295,9 @@ def _bind_inside(delegate_program, positions):
     user_specs = [spec for spec in signature.input_specs if spec.kind == InputKind.USER_INPUT]
     owned = [user_specs[position] for position in positions]
     placeholders = {node.name: node for node in delegate_program.graph.find_nodes(op="placeholder")}
-    first_user_input = placeholders[user_specs[0].arg.name]
+    # Lifted inputs are matched to placeholders by position: the new buffers go, in their specs'
+    # order, before the first user input that stays one (none: they already are in that order).
+    kept = [placeholders[spec.arg.name] for spec in user_specs if spec not in owned]
     for spec in owned:
         node = placeholders[spec.arg.name]
         value = node.meta["val"]
@@ -304,8 +306,8 @@ def _bind_inside(delegate_program, positions):
         spec.target = f"_zerokv_runtime_kv_{spec.arg.name}"
         spec.persistent = True
         delegate_program.state_dict[spec.target] = torch.zeros(shape, dtype=value.dtype)
-        if node is not first_user_input:
-            first_user_input.prepend(node)
+        if kept:
+            kept[0].prepend(node)
     signature.input_specs[:] = [s for s in signature.input_specs if s.kind != InputKind.USER_INPUT] + [
         s for s in signature.input_specs if s.kind == InputKind.USER_INPUT]
     names = {spec.arg.name for spec in owned}
