@@ -74,9 +74,8 @@ def export_runtime_owned(directory, shape, max_cache, initial_capacity):
     from zerokv.executorch import hf_decoders as hf
 
     model = _model(shape)
-    program = hf.export_step(model, 1, max_cache, 1)
-    manager = zx.export({"decode": program}, engine="aoti", engine_options=_engine_options(),
-                        runtime_kv=hf.runtime_kv_for(model.config, max_cache, initial_capacity))
+    programs, runtime_kv = hf.export_programs(model, max_cache, 1, initial_capacity, prefill=False)
+    manager = zx.export(programs, engine="aoti", engine_options=_engine_options(), runtime_kv=runtime_kv)
     os.makedirs(directory, exist_ok=True)
     zx.save(manager, os.path.join(directory, "decode.pte"))
     return "runtime-owned"

@@ -279,13 +279,14 @@ def export_step(model, tokens, max_capacity: int, max_tokens: int, slots: int):
                             **dynamic_kwargs})
 
 
-def export_programs(model, max_capacity: int, max_prefill: int, initial_capacity: int):
+def export_programs(model, max_capacity: int, max_prefill: int, initial_capacity: int, prefill: bool = True):
     """({"prefill": (T dynamic in [2, max_prefill]), "decode": (1 token)} over cache inputs, the
     RuntimeKV of their caches). One ring size for both: a ring sized for narrower prefills than the
-    program takes would silently drop keys its queries need."""
+    program takes would silently drop keys its queries need. prefill=False: the decode method alone
+    (max_prefill 1 then: every step is one token)."""
     slots = ring_slots(model.config, max_capacity, max_prefill)
-    programs = {"prefill": export_step(model, 4, max_capacity, max_prefill, slots),
-                "decode": export_step(model, 1, max_capacity, 1, slots)}
+    programs = {"prefill": export_step(model, 4, max_capacity, max_prefill, slots)} if prefill else {}
+    programs["decode"] = export_step(model, 1, max_capacity, 1, slots)
     return programs, _runtime_kv(model.config, max_capacity, initial_capacity, slots)
 
 
