@@ -38,7 +38,6 @@ def use_splitk_decode(model) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-    _load_kernel()
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     problems = []
@@ -48,6 +47,7 @@ def use_splitk_decode(model) -> None:
         problems.append(f"head_dim {head_dim} is not a power of two")
     if problems:
         raise DecodeAttentionError(f"{config.model_type}: split-K decode attention: {'; '.join(problems)}")
+    _load_kernel()
     AttentionInterface.register(SPLITK_DECODE, splitk_decode_attention)
     # Masks as SDPA takes them, for the steps that keep SDPA.
     AttentionMaskInterface.register(SPLITK_DECODE, sdpa_mask)

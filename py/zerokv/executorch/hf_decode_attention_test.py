@@ -39,3 +39,14 @@ def test_a_machine_without_cuda_is_refused_when_the_model_is_switched():
     with pytest.raises(DecodeAttentionError, match="no CUDA device"):
         use_splitk_decode(model)
     assert model.config._attn_implementation != "zerokv_splitk_decode"
+
+
+@pytest.mark.parametrize("dtype, head_dim, named", [
+    (torch.float32, 16, "the model is torch.float32; the kernel computes in bfloat16 only"),
+    (torch.bfloat16, 24, "head_dim 24 is not a power of two"),
+])
+def test_a_model_the_kernel_cannot_take_is_refused_by_name(dtype, head_dim, named):
+    model = hf.tiny("llama")
+    model.config.head_dim = head_dim
+    with pytest.raises(DecodeAttentionError, match=f"llama: split-K decode attention: .*{named}"):
+        use_splitk_decode(model.to(dtype))
