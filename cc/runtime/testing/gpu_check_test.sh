@@ -25,6 +25,7 @@ if [[ -n "${GPU_CHECK_TOOLS:-}" ]]; then
   read -r -a wanted <<<"$GPU_CHECK_TOOLS"
   kept=()
   for tool in "${tools[@]}"; do [[ " ${wanted[*]} " == *" $tool "* ]] && kept+=("$tool"); done
+  ((${#kept[@]})) || echo "GPU_CHECK_TOOLS=\"$GPU_CHECK_TOOLS\": not ${tools[*]}, so this run checks nothing"
   tools=("${kept[@]}")
 fi
 
