@@ -15,6 +15,7 @@
 #include <sstream>
 #include <string>
 #include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include <ATen/ATen.h>
@@ -308,15 +309,16 @@ class AotiEngine final : public Engine {
   }
 
 #ifdef ZEROKV_WITH_TORCH_CUDA
-  // What a captured graph baked in: every bound address and input shape, and the stream. A graph
-  // replays only for the binding it was captured with; a runtime-owned cache that grew (new
-  // storage) or a new step width is a new binding.
+  // What a captured graph baked in: every bound address with its capacity (which the captured
+  // run's output copies were checked against), every input shape, and the stream. A graph replays
+  // only for the binding it was captured with; a runtime-owned cache that grew (new storage) or a
+  // new step width is a new binding.
   struct GraphKey {
-    std::vector<void*> addresses;
+    std::vector<std::pair<void*, size_t>> buffers;
     std::vector<std::vector<int64_t>> shapes;
     StreamHandle stream = nullptr;
     bool operator==(const GraphKey& other) const {
-      return addresses == other.addresses && shapes == other.shapes && stream == other.stream;
+      return buffers == other.buffers && shapes == other.shapes && stream == other.stream;
     }
   };
 
@@ -324,7 +326,7 @@ class AotiEngine final : public Engine {
     GraphKey key;
     key.stream = stream;
     for (const Slot& slot : slots_) {
-      key.addresses.push_back(slot.data);
+      key.buffers.emplace_back(slot.data, slot.capacity);
       if (slot.direction == blob::Direction::kInput) key.shapes.push_back(slot.shape);
     }
     return key;

@@ -21,8 +21,8 @@
 //   zerokv.cuda_graph "0" | "1"                     capture runs as CUDA graphs (CUDA packages)
 //
 // CUDA graphs (zerokv.cuda_graph, where torch's CUDA libraries are linked: ZEROKV_WITH_TORCH_CUDA):
-// the second consecutive run with the same binding (every bound address, every input shape, the
-// stream) is captured with at::cuda::CUDAGraph, its intermediates in the graph's private pool, and
+// the second consecutive run with the same binding (every bound address and capacity, every input
+// shape, the stream) is captured with at::cuda::CUDAGraph, its intermediates in the graph's private pool, and
 // replayed while the binding stays; a new binding (a runtime-owned cache that grew, another step
 // width) runs once as it is and is captured at its next run. A capture that fails turns graphs off
 // for the engine, with a message on stderr, and the run goes on uncaptured.
