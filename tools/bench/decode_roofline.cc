@@ -25,6 +25,7 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <fstream>
 #include <iterator>
 #include <string>
@@ -51,6 +52,19 @@ constexpr int kStagedSteps = 4;
   std::exit(1);
 }
 
+// A whole positive number from the command line, or a message naming the argument.
+int64_t Count(const std::string& what, const std::string& text) {
+  size_t used = 0;
+  int64_t value = 0;
+  try {
+    value = std::stoll(text, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != text.size() || value <= 0) Fail(what + " '" + text + "' is not a positive whole number");
+  return value;
+}
+
 template <typename T>
 std::vector<T> ReadFile(const std::string& path) {
   std::ifstream file(path, std::ios::binary);
@@ -75,12 +89,8 @@ double Step(Module& module, const std::string& method, int64_t token, int64_t po
   if (logits != nullptr) {
     const auto& tensor = outputs.get().at(0).toTensor();
     if (tensor.scalar_type() != executorch::aten::ScalarType::BFloat16) Fail("the logits are not bfloat16");
-    const auto* bits = static_cast<const uint16_t*>(tensor.const_data_ptr());
-    logits->resize(tensor.numel());
-    for (size_t i = 0; i < logits->size(); ++i) {
-      const uint32_t widened = static_cast<uint32_t>(bits[i]) << 16;
-      std::memcpy(&(*logits)[i], &widened, sizeof(float));
-    }
+    const auto* values = tensor.const_data_ptr<executorch::aten::BFloat16>();
+    logits->assign(values, values + tensor.numel());
   }
   return elapsed;
 }
@@ -190,9 +200,12 @@ int main(int argc, char** argv) {
   }
   executorch::runtime::runtime_init();
   const std::string dir = argv[1];
-  const int64_t steps = std::stoll(argv[2]);
+  const int64_t steps = Count("STEPS", argv[2]);
   std::vector<int64_t> positions;
-  for (int i = 3; i < argc; ++i) positions.push_back(std::stoll(argv[i]));
+  for (int i = 3; i < argc; ++i) {
+    positions.push_back(Count("POSITION", argv[i]));
+    if (positions.back() < kWarmup) Fail("POSITION " + std::string(argv[i]) + " leaves no room for the warm-up steps");
+  }
   Reference reference;
   reference.tokens = ReadFile<int64_t>(dir + "/reference/tokens.bin");
   reference.logits = ReadFile<float>(dir + "/reference/logits.bin");
