@@ -178,7 +178,7 @@ class CacheInputs(torch.nn.Module):
     def forward(self, input_ids, cache_position, *caches, ring_slots=None):
         # The runtime fills cache_position with consecutive positions; writing at the first plus an
         # arange says so to the engines (TensorRT writes in place only where it can prove it).
-        positions = torch.arange(input_ids.shape[1]) + cache_position[0]
+        positions = torch.arange(input_ids.shape[1], device=cache_position.device) + cache_position[0]
         layers = [_InputCacheLayer(caches[2 * index], caches[2 * index + 1], positions,
                                    ring_slots if sliding else positions, sliding)
                   for index, sliding in enumerate(self.sliding)]
