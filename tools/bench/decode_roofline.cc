@@ -8,8 +8,9 @@
 // bare engine. Rows on stdout, tab-separated: variant, position, median ms, p99 ms, steps.
 //   zerokv_runtime_owned   DIR/runtime_owned: decodes from position 0 through the last POSITION
 //                          plus STEPS, every step timed; a row per POSITION over the STEPS steps
-//                          from it; `..._all` over every step and `..._growth` over the steps whose
-//                          caches grew (p99 column: the slowest);
+//                          from it; `..._all` over every step, `..._growth` over the steps whose
+//                          caches grew and `..._after_growth` over the steps that followed them (p99
+//                          column: the slowest);
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
@@ -104,6 +105,14 @@ void Row(const std::string& variant, int64_t position, std::vector<double> value
   std::fflush(stdout);
 }
 
+// A row of `values`' median and slowest (in the p99 column).
+void Spread(const std::string& variant, std::vector<double> values) {
+  if (values.empty()) return;
+  std::sort(values.begin(), values.end());
+  std::printf("%s\t0\t%.4f\t%.4f\t%zu\n", variant.c_str(), values[values.size() / 2], values.back(), values.size());
+  std::fflush(stdout);
+}
+
 // Eager's reference: the token fed at each position and its logits there.
 struct Reference {
   std::vector<int64_t> tokens;
@@ -142,24 +151,24 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   ZeroKVSequence* caches = zerokv_kv_implicit_sequence();
   if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
   const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
-  std::vector<double> times, growth;
+  std::vector<double> times, growth, after_growth;
+  bool previous_grew = false;
   ZeroKVCacheMetrics metrics{};
   for (int64_t position = 0; position < end; ++position) {
     const uint64_t growths = metrics.growths;
     times.push_back(Step(module, "decode", (position * 7) % static_cast<int64_t>(reference.vocab), position));
+    if (previous_grew) after_growth.push_back(times.back());
     zerokv_kv_sequence_metrics(caches, &metrics);
-    if (metrics.growths > growths) growth.push_back(times.back());
+    previous_grew = metrics.growths > growths;
+    if (previous_grew) growth.push_back(times.back());
   }
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
     Row("zerokv_runtime_owned", position, {times.begin() + position, times.begin() + position + steps});
   }
   Row("zerokv_runtime_owned_all", 0, times);
-  std::sort(growth.begin(), growth.end());
-  if (!growth.empty()) {
-    std::printf("zerokv_runtime_owned_growth\t0\t%.4f\t%.4f\t%zu\n", growth[growth.size() / 2], growth.back(),
-                growth.size());
-  }
+  Spread("zerokv_runtime_owned_growth", growth);
+  Spread("zerokv_runtime_owned_after_growth", after_growth);
 }
 
 void Static(const std::string& dir, const std::string& program, const std::string& variant, const Reference* reference,

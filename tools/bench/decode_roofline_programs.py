@@ -5,6 +5,7 @@ GPU machine (torch with CUDA and Triton, transformers, the executorch wheel):
 
 Each is one decode step of the model (tools/bench/decode_roofline_model.py) compiled by AOTInductor
 for CUDA, its full-attention layers on ExecuTorch's split-K decode kernel (hf_decode_attention), its
+one-token matrix products as tuned Triton reductions (engine option coordinate_descent_tuning), its
 runs captured as CUDA graphs (engine option cuda_graph):
   DIR/runtime_owned/decode.pte (+ .ptd): over runtime-owned caches, grown by doubling from
     --initial-capacity to --max-cache; attention sweeps the capacity under a mask of the committed
@@ -66,7 +67,7 @@ def _engine_options():
     # AOTInductor autotunes the kernels on the example inputs (valid positions), not on generated
     # ones that index past a dynamic capacity.
     torch._inductor.config.triton.autotune_at_compile_time = False
-    return {"compile_device": "cuda", "cuda_graph": True}
+    return {"compile_device": "cuda", "cuda_graph": True, "coordinate_descent_tuning": True}
 
 
 def export_runtime_owned(directory, shape, max_cache, initial_capacity):

@@ -34,6 +34,7 @@ namespace zerokv::engines {
 namespace {
 
 std::atomic<uint64_t> cuda_graph_replays{0};
+std::atomic<uint64_t> cuda_graph_updates{0};
 
 using base::Internal;
 using base::InvalidProgram;
@@ -334,10 +335,13 @@ class AotiEngine final : public Engine {
 
   // A binding seen for the first time runs as it is (its first run also initializes what a capture
   // must not: libraries' handles and workspaces, lazily loaded kernels). Seen twice in a row, it is
-  // captured, and replayed for as long as it stays. What a run decides on the host comes from the
-  // key (shapes), not from the bound data: a package that reads device data on the host needs a
-  // synchronous copy, which the capture refuses. A capture that fails (that, or the legacy default
-  // stream) turns graphs off for this engine, saying so once, and the run goes on uncaptured.
+  // captured, and replayed for as long as it stays. A binding that differs from the captured one
+  // only in its addresses and capacities (a runtime-owned cache that grew) runs the same kernels
+  // with other arguments: it is captured at once and the executable graph updated in place, which
+  // costs a fraction of instantiating a new one (Recapture). What a run decides on the host comes
+  // from the key (shapes), not from the bound data: a package that reads device data on the host
+  // needs a synchronous copy, which the capture refuses. A capture that fails (that, or the legacy
+  // default stream) turns graphs off for this engine, saying so once, and the run goes on uncaptured.
   Status EnqueueGraph(StreamHandle stream) {
     GraphKey key = CurrentKey(stream);
     const c10::cuda::CUDAStream torch_stream = c10::cuda::getStreamFromExternal(
@@ -348,6 +352,10 @@ class AotiEngine final : public Engine {
     if (graph_ && graph_key_ == key) {
       return Replay();
     }
+    if (graph_ && graph_key_.shapes == key.shapes && graph_key_.stream == key.stream) {
+      seen_key_ = key;
+      return Recapture(stream, std::move(key));
+    }
     graph_.reset();
     if (!(seen_key_ == key)) {
       seen_key_ = std::move(key);
@@ -356,30 +364,66 @@ class AotiEngine final : public Engine {
     return CaptureAndReplay(stream, std::move(key));
   }
 
-  Status CaptureAndReplay(StreamHandle stream, GraphKey key) {
+  // Captures a run into `graph` (from `pool`, the memory pool of the graph it may replace, or a new
+  // one), leaving its outputs in outputs_. On failure turns graphs off and says why.
+  Status Capture(StreamHandle stream, at::cuda::CUDAGraph& graph, at::cuda::MempoolId_t pool) {
     outputs_.clear();
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
     Status captured = Status::Ok();
     try {
       // Thread-local: a call in this thread that a graph cannot hold (a synchronous copy, a host
       // read of device data) fails the capture instead of running outside it; other threads (another
       // delegate) go on as they are.
-      graph->capture_begin({0, 0}, cudaStreamCaptureModeThreadLocal);
+      graph.capture_begin(pool, cudaStreamCaptureModeThreadLocal);
       captured = Run(stream);
-      graph->capture_end();  // ends the capture whether or not the run succeeded
+      graph.capture_end();  // ends the capture whether or not the run succeeded
     } catch (const std::exception& error) {
       if (captured.ok()) captured = Internal(error.what());
     }
     if (!captured.ok()) {
       cudaGetLastError();  // the capture's error, reported below
-      graph.reset();
       outputs_.clear();
       cuda_graph_ = false;
       std::fprintf(stderr, "zerokv: AOTInductor engine: CUDA graphs off, running each step as it is: the "
                            "capture failed: %s\n", captured.message().c_str());
+    }
+    return captured;
+  }
+
+  Status CaptureAndReplay(StreamHandle stream, GraphKey key) {
+    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    if (!Capture(stream, *graph, {0, 0}).ok()) return Run(stream);
+    graph_ = std::move(graph);
+    graph_key_ = std::move(key);
+    return Replay();
+  }
+
+  // The new capture shares the replaced graph's memory pool: only one of the two is ever replayed,
+  // and the capture reuses what the old one no longer needs (outputs_ were released before it).
+  // When CUDA cannot update the executable graph (another topology: the package took another path
+  // for these sizes), the capture is instantiated instead.
+  Status Recapture(StreamHandle stream, GraphKey key) {
+    auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+    if (!Capture(stream, *graph, graph_->pool()).ok()) {
+      graph_.reset();
       return Run(stream);
     }
-    graph_ = std::move(graph);
+    cudaGraphExecUpdateResultInfo result{};
+    if (cudaGraphExecUpdate(graph_->raw_cuda_graph_exec(), graph->raw_cuda_graph(), &result) == cudaSuccess) {
+      cuda_graph_updates.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      cudaGetLastError();  // the update's refusal: instantiating is the answer to it
+      try {
+        graph->instantiate();
+      } catch (const std::exception& error) {
+        graph_.reset();
+        cuda_graph_ = false;
+        std::fprintf(stderr, "zerokv: AOTInductor engine: CUDA graphs off, running each step as it is: "
+                             "instantiating a capture failed: %s\n", error.what());
+        outputs_.clear();
+        return Run(stream);
+      }
+      graph_ = std::move(graph);
+    }
     graph_key_ = std::move(key);
     return Replay();
   }
@@ -573,6 +617,8 @@ const bool registered = RegisterEngineFactory(blob::EngineKind::kAoti, CreateAot
 }  // namespace
 
 uint64_t CudaGraphReplays() { return cuda_graph_replays.load(std::memory_order_relaxed); }
+
+uint64_t CudaGraphUpdates() { return cuda_graph_updates.load(std::memory_order_relaxed); }
 
 Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,
                         std::unique_ptr<Engine>* engine) {

@@ -49,6 +49,10 @@ namespace zerokv::engines {
 // tell replayed runs from runs that went on uncaptured (0 where graphs are off or not built).
 uint64_t CudaGraphReplays();
 
+// Of those graphs, the ones made by updating an executable graph in place for a binding that moved
+// (a runtime-owned cache grew) instead of instantiating a new one.
+uint64_t CudaGraphUpdates();
+
 // Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package) and its
 // constants from `named_data`.
 Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,

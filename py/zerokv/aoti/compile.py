@@ -76,6 +76,7 @@ def compile_aoti(
     binding_device: Optional[blob.Device] = None,
     dynamic_shapes=None,
     cuda_graph: bool = False,
+    coordinate_descent_tuning: bool = False,
 ) -> EngineBuild:
     """Compiles `program` with AOTInductor for `device` ("cpu" or "cuda[:N]").
 
@@ -84,12 +85,17 @@ def compile_aoti(
         (planned in device memory) passes blob.Device.CUDA.
     cuda_graph: the runtime captures the package's runs as CUDA graphs and replays them
         (zerokv.cuda_graph in the package's metadata; CUDA packages only).
+    coordinate_descent_tuning: Inductor's coordinate-descent tuning (CUDA packages only): one-token
+        matrix products become tuned Triton reductions (zerokv.executorch.aoti_engine says why).
     """
     torch_device = torch.device(device)
     if torch_device.type not in ("cpu", "cuda"):
         raise AotiCompileError(f"compile_aoti compiles for 'cpu' or 'cuda', not {device!r}")
     if cuda_graph and torch_device.type != "cuda":
         raise AotiCompileError(f"cuda_graph: CUDA graphs are for CUDA packages, not {device!r}")
+    if coordinate_descent_tuning and torch_device.type != "cuda":
+        raise AotiCompileError("coordinate_descent_tuning: it tunes Triton kernels, which CUDA packages have, "
+                               f"not {device!r} ones")
     example_inputs = tuple(t.to(torch_device) for t in example_inputs)
     if isinstance(program, ExportedProgram):
         if torch_device.type == "cuda":
@@ -116,6 +122,7 @@ def compile_aoti(
             "aot_inductor.package_constants_in_so": False,
             # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
             "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+            "coordinate_descent_tuning": coordinate_descent_tuning,
         },
     )
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)

@@ -7,6 +7,11 @@ CUDA either way: that is where ExecuTorch plans the delegate's I/O.
 `cuda_graph` (CUDA packages only) has the runtime capture each run of the package as a CUDA graph
 and replay it while the bound addresses and shapes stay the same (cc/engines/aoti): a decode step
 is then one graph launch instead of a launch per kernel.
+
+`coordinate_descent_tuning` (CUDA packages only) compiles with Inductor's coordinate-descent tuning:
+a one-token matrix product becomes a Triton reduction, fused with its neighbours and tuned to stream
+the weights at the memory bandwidth, which the default one-token GEMMs fall well short of. It makes
+the compile slower (every kernel is benchmarked while tuning).
 """
 
 from __future__ import annotations
@@ -22,6 +27,10 @@ from zerokv.executorch.engine_build import check_option_names
 
 COMPILE_DEVICE_SPEC = "zerokv.aoti.compile_device"
 CUDA_GRAPH_SPEC = "zerokv.aoti.cuda_graph"
+COORDINATE_DESCENT_TUNING_SPEC = "zerokv.aoti.coordinate_descent_tuning"
+CUDA_ONLY_OPTIONS = {"cuda_graph": ("CUDA graphs", CUDA_GRAPH_SPEC),
+                     "coordinate_descent_tuning": ("coordinate-descent tuning of Triton kernels",
+                                                   COORDINATE_DESCENT_TUNING_SPEC)}
 
 
 def default_compile_device() -> str:
@@ -29,25 +38,31 @@ def default_compile_device() -> str:
 
 
 def options_to_specs(options):
-    check_option_names("aoti", options, ("compile_device", "cuda_graph"))
+    check_option_names("aoti", options, ("compile_device", *CUDA_ONLY_OPTIONS))
     device = options.get("compile_device", default_compile_device())
     if device not in ("cpu", "cuda"):
         raise ZeroKVError(f"engine_options['compile_device']: {device!r}; expected 'cpu' or 'cuda'")
-    cuda_graph = options.get("cuda_graph", False)
-    if not isinstance(cuda_graph, bool):
-        raise ZeroKVError(f"engine_options['cuda_graph']: {cuda_graph!r}; expected True or False")
-    if cuda_graph and device != "cuda":
-        raise ZeroKVError("engine_options['cuda_graph']: CUDA graphs need compile_device 'cuda', "
-                          f"not {device!r}")
-    return [CompileSpec(COMPILE_DEVICE_SPEC, device.encode()), CompileSpec(CUDA_GRAPH_SPEC, b"1" if cuda_graph else b"0")]
+    compile_specs = [CompileSpec(COMPILE_DEVICE_SPEC, device.encode())]
+    for name, (what, spec) in CUDA_ONLY_OPTIONS.items():
+        value = options.get(name, False)
+        if not isinstance(value, bool):
+            raise ZeroKVError(f"engine_options[{name!r}]: {value!r}; expected True or False")
+        if value and device != "cuda":
+            raise ZeroKVError(f"engine_options[{name!r}] asks for {what}, which need compile_device 'cuda', "
+                              f"not {device!r}")
+        compile_specs.append(CompileSpec(spec, b"1" if value else b"0"))
+    return compile_specs
 
 
 def options_from_specs(compile_specs):
-    return {"compile_device": specs.read(compile_specs, COMPILE_DEVICE_SPEC, default_compile_device()),
-            "cuda_graph": specs.read(compile_specs, CUDA_GRAPH_SPEC, "0") == "1"}
+    options = {"compile_device": specs.read(compile_specs, COMPILE_DEVICE_SPEC, default_compile_device())}
+    for name, (_, spec) in CUDA_ONLY_OPTIONS.items():
+        options[name] = specs.read(compile_specs, spec, "0") == "1"
+    return options
 
 
-def build(program, aliased_inputs, device: str, compile_device: str, cuda_graph: bool):
+def build(program, aliased_inputs, device: str, compile_device: str, cuda_graph: bool,
+          coordinate_descent_tuning: bool):
     examples = []
     for node in program.graph.find_nodes(op="placeholder"):
         if node.name in program.graph_signature.user_inputs:
@@ -55,4 +70,5 @@ def build(program, aliased_inputs, device: str, compile_device: str, cuda_graph:
             shape = [int(extent.node.hint) if isinstance(extent, torch.SymInt) else int(extent) for extent in value.shape]
             examples.append(torch.zeros(shape, dtype=value.dtype))
     target = f"cuda:{specs.parse_device(device)}" if compile_device == "cuda" else "cpu"
-    return compile_aoti(program, examples, target, binding_device=blob.Device.CUDA, cuda_graph=cuda_graph)
+    return compile_aoti(program, examples, target, binding_device=blob.Device.CUDA, cuda_graph=cuda_graph,
+                        coordinate_descent_tuning=coordinate_descent_tuning)

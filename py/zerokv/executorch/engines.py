@@ -109,9 +109,10 @@ class AotiEngine:
     kind = blob.EngineKind.AOTI
     binding_alignment = None  # ExecuTorch's own planning alignment serves it
 
-    def __init__(self, compile_device=None, cuda_graph=False):
+    def __init__(self, compile_device=None, cuda_graph=False, coordinate_descent_tuning=False):
         self.compile_device = compile_device or aoti_engine.default_compile_device()
         self.cuda_graph = cuda_graph
+        self.coordinate_descent_tuning = coordinate_descent_tuning
 
     def supports(self, node: fx.Node) -> bool:
         return node.op == "call_function" and _tensor_shape_supported(node)
@@ -120,7 +121,8 @@ class AotiEngine:
         return None
 
     def build(self, program, aliased_inputs, device: str) -> EngineBuild:
-        return aoti_engine.build(program, aliased_inputs, device, self.compile_device, self.cuda_graph)
+        return aoti_engine.build(program, aliased_inputs, device, self.compile_device, self.cuda_graph,
+                                 self.coordinate_descent_tuning)
 
 
 class TensorRTEngine:

@@ -38,18 +38,24 @@ def test_tensorrt_takes_the_kv_writes_whose_positions_kvwrite_describes():
     assert not TensorRTEngine().supports(put)
 
 
-def test_aoti_cuda_graph_option_goes_through_the_compile_specs():
-    specs = aoti_engine.options_to_specs({"compile_device": "cuda", "cuda_graph": True})
-    assert aoti_engine.options_from_specs(specs) == {"compile_device": "cuda", "cuda_graph": True}
+@pytest.mark.parametrize("name", ["cuda_graph", "coordinate_descent_tuning"])
+def test_aoti_cuda_options_go_through_the_compile_specs(name):
+    specs = aoti_engine.options_to_specs({"compile_device": "cuda", name: True})
+    options = aoti_engine.options_from_specs(specs)
+    assert options[name] is True
+    assert [value for key, value in options.items() if key not in (name, "compile_device")] == [False]
     specs = aoti_engine.options_to_specs({"compile_device": "cuda"})
-    assert aoti_engine.options_from_specs(specs) == {"compile_device": "cuda", "cuda_graph": False}
+    assert aoti_engine.options_from_specs(specs) == {"compile_device": "cuda", "cuda_graph": False,
+                                                     "coordinate_descent_tuning": False}
 
 
 @pytest.mark.parametrize("options, named", [
-    ({"compile_device": "cpu", "cuda_graph": True}, "compile_device 'cuda'"),
+    ({"compile_device": "cpu", "cuda_graph": True}, r"'cuda_graph'\] asks for CUDA graphs, which need compile_device 'cuda'"),
     ({"compile_device": "cuda", "cuda_graph": "yes"}, "expected True or False"),
+    ({"compile_device": "cpu", "coordinate_descent_tuning": True}, r"'coordinate_descent_tuning'\] .* compile_device 'cuda'"),
+    ({"compile_device": "cuda", "coordinate_descent_tuning": 1}, r"'coordinate_descent_tuning'\]: 1; expected True or False"),
 ])
-def test_aoti_cuda_graph_option_is_refused_where_it_cannot_hold(options, named):
+def test_aoti_cuda_options_are_refused_where_they_cannot_hold(options, named):
     with pytest.raises(ZeroKVError, match=named):
         aoti_engine.options_to_specs(options)
 
@@ -57,6 +63,11 @@ def test_aoti_cuda_graph_option_is_refused_where_it_cannot_hold(options, named):
 def test_compile_aoti_refuses_cuda_graphs_for_the_cpu():
     with pytest.raises(AotiCompileError, match="CUDA graphs are for CUDA packages"):
         compile_aoti(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), "cpu", cuda_graph=True)
+
+
+def test_compile_aoti_refuses_coordinate_descent_tuning_for_the_cpu():
+    with pytest.raises(AotiCompileError, match="coordinate_descent_tuning: it tunes Triton kernels"):
+        compile_aoti(torch.nn.Linear(2, 2), (torch.zeros(1, 2),), "cpu", coordinate_descent_tuning=True)
 
 
 def test_a_cpu_package_says_it_wants_no_cuda_graph():
