@@ -3,6 +3,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -352,7 +353,7 @@ class AotiEngine final : public Engine {
     if (graph_ && graph_key_ == key) {
       return Replay();
     }
-    if (graph_ && graph_key_.shapes == key.shapes && graph_key_.stream == key.stream) {
+    if (graph_ && OnlyCachesMoved(graph_key_, key)) {
       seen_key_ = key;
       return Recapture(stream, std::move(key));
     }
@@ -362,6 +363,24 @@ class AotiEngine final : public Engine {
       return Run(stream);
     }
     return CaptureAndReplay(stream, std::move(key));
+  }
+
+  // Whether `to` differs from `from` only in where the aliased inputs (the caches the package
+  // writes in place) are and how many positions they hold: the other inputs keep their shapes, the
+  // caches their ranks, and the stream is the same.
+  bool OnlyCachesMoved(const GraphKey& from, const GraphKey& to) const {
+    if (from.stream != to.stream || from.shapes.size() != to.shapes.size()) return false;
+    size_t input = 0;
+    for (const Slot& slot : slots_) {
+      if (slot.direction != blob::Direction::kInput) continue;
+      const bool cache = std::any_of(aliases_.begin(), aliases_.end(),
+                                     [&](const auto& alias) { return alias.second == slot.name; });
+      const std::vector<int64_t>& was = from.shapes[input];
+      const std::vector<int64_t>& is = to.shapes[input];
+      if (cache ? was.size() != is.size() : was != is) return false;
+      ++input;
+    }
+    return true;
   }
 
   // Captures a run into `graph` (from `pool`, the memory pool of the graph it may replace, or a new
