@@ -142,10 +142,10 @@ Status KVCache::Prepare(StreamHandle stream) {
   return Status::Ok();
 }
 
-// Takes the reserve when it has exactly `capacity` (else allocates and zeroes K and V there), copies
-// the old contents into their first positions (one pitched copy: a row per (batch, head)), and only
-// then swaps them in and frees the old storage on the same stream. Any failure before the swap
-// releases the new storage instead (the reserve too: the copy may have written into it).
+// Takes the reserve when it has exactly `capacity` (else allocates and zeroes K and V there),
+// copies the old contents into their first positions (one pitched copy: a row per (batch, head)),
+// and only then swaps them in and frees the old storage on the same stream. Any failure before the
+// swap releases the new storage instead (the reserve too: the copy may have written into it).
 Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
   void* grown[2] = {nullptr, nullptr};
   if (reserve_capacity_ == capacity) {

@@ -30,8 +30,10 @@
 // aside as a reserve; the growth to exactly that capacity then only copies the old rows into it.
 // A growth to another capacity (a wide step jumping further) releases the reserve and allocates as
 // usual. The reserve counts in bytes_reserved, survives a reset (nothing writes it, so it stays
-// zero) and is released with the cache. A caller spreads the reserves of its caches over several
-// steps so that no step pays for every layer's next capacity at once (the delegate: one per step).
+// zero) and is released with the cache. Its cost is memory: from its reservation to the growth a
+// cache holds its next capacity besides its current one. A caller spreads the reserves of its
+// caches over several steps so that no step pays for every layer's next capacity at once (the
+// delegate: one per step).
 // Ring caches hold `window` positions from the start and never grow; their length saturates at
 // the window (their position does not), and a step wider than the window is refused.
 //
@@ -100,7 +102,7 @@ uint64_t CommittedLength(const KVCacheConfig& config, uint64_t length, uint64_t 
 
 // Memory accounting over K and V together.
 struct KVCacheMetrics {
-  uint64_t bytes_reserved = 0;  // storage allocated now
+  uint64_t bytes_reserved = 0;  // storage allocated now, a growth's prepared ahead included
   uint64_t bytes_in_use = 0;    // committed positions
   uint64_t growths = 0;         // reallocations that preserved contents
   uint64_t bytes_moved = 0;     // bytes those reallocations copied

@@ -138,7 +138,9 @@ class KVCacheTest : public ::testing::Test {
     uint64_t position = 0;
     ASSERT_TRUE(cache.BeginStep(step, &position).ok());
     ASSERT_TRUE(cache.Prepare(stream).ok());
-    for (uint64_t i = 0; i < step; ++i) Write(cache, position + i, static_cast<float>(position + i + 1));
+    for (uint64_t i = 0; i < step; ++i) {
+      Write(cache, position + i, static_cast<float>(position + i + 1));
+    }
     Status status = cache.PrepareGrowth(lookahead, stream, prepared);
     ASSERT_TRUE(status.ok()) << status.message();
     ASSERT_TRUE(cache.MarkUsed(stream).ok());

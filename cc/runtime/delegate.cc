@@ -636,7 +636,8 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
 // Every layer of a model grows in the same step, and fresh device memory costs the host time to
 // allocate (cudaMallocAsync: about 75 us per 64 MiB on an H200): one cache per step reserves its
 // next capacity ahead, so that the growth step only copies. Done before the stream is finished or
-// its event recorded, so that the host's time here overlaps the run's device work.
+// its event recorded: the host's time here overlaps the run's device work, and the reserve's
+// zeroing is finished or waited on with the run.
 void Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
   // (caches + 1) x width is the least lookahead that leaves every cache a step of its own before
   // the growth step (whose own reservation comes after its growth). Twice that gives each cache a
