@@ -98,6 +98,7 @@ KVCache::~KVCache() {
   for (void* storage : {k_, v_}) {
     if (storage) (void)ops_->FreeAsync(storage, nullptr);
   }
+  if (reserve_capacity_ != 0) (void)ReleaseReserve(nullptr);
   if (last_use_) ops_->DestroyEvent(last_use_);
 }
 
@@ -141,36 +142,31 @@ Status KVCache::Prepare(StreamHandle stream) {
   return Status::Ok();
 }
 
-// Allocates and zeroes K and V at `capacity`, copies the old contents into their first positions
-// (one pitched copy: a row per (batch, head)), and only then swaps them in and frees the old
-// storage on the same stream. Any failure before the swap releases the new storage instead.
+// Takes the reserve when it has exactly `capacity` (else allocates and zeroes K and V there),
+// copies the old contents into their first positions (one pitched copy: a row per (batch, head)),
+// and only then swaps them in and frees the old storage on the same stream. Any failure before the
+// swap releases the new storage instead (the reserve too: the copy may have written into it).
 Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
-  const size_t bytes = position_bytes() * static_cast<size_t>(capacity);
-  const size_t rows = static_cast<size_t>(config_.batch * config_.heads);
   void* grown[2] = {nullptr, nullptr};
+  if (reserve_capacity_ == capacity) {
+    std::swap(grown, reserve_);
+    reserve_capacity_ = 0;
+  } else {
+    // A reserve of another capacity would only be held for a later growth that never comes: the
+    // capacities double from this one on.
+    if (reserve_capacity_ != 0) ZEROKV_RETURN_IF_ERROR(ReleaseReserve(stream));
+    ZEROKV_RETURN_IF_ERROR(AllocateZeroed(capacity, stream, "growing a KV cache to", grown));
+  }
+  const size_t rows = static_cast<size_t>(config_.batch * config_.heads);
   void* const old[2] = {k_, v_};
-  auto attempt = [&]() -> Status {
-    for (int i = 0; i < 2; ++i) {
-      Status allocated = ops_->AllocateAsync(bytes, stream, &grown[i]);
-      if (!allocated.ok()) {
-        grown[i] = nullptr;
-        return Status(allocated.code(), "growing a KV cache to " + std::to_string(capacity) +
-                                            " positions (" + std::to_string(bytes) +
-                                            " bytes each for K and V): " + allocated.message());
-      }
-      ZEROKV_RETURN_IF_ERROR(ops_->Zero(grown[i], bytes, stream));
-      if (old[i] == nullptr) continue;
-      ZEROKV_RETURN_IF_ERROR(ops_->Copy2D(grown[i], row_bytes(capacity), old[i],
-                                          row_bytes(capacity_), row_bytes(capacity_), rows,
-                                          CopyKind::kDeviceToDevice, stream));
-    }
-    return Status::Ok();
-  };
-  Status status = attempt();
+  Status status = Status::Ok();
+  for (int i = 0; i < 2 && status.ok(); ++i) {
+    if (old[i] == nullptr) continue;
+    status = ops_->Copy2D(grown[i], row_bytes(capacity), old[i], row_bytes(capacity_),
+                          row_bytes(capacity_), rows, CopyKind::kDeviceToDevice, stream);
+  }
   if (!status.ok()) {
-    for (void* storage : grown) {
-      if (storage) (void)ops_->FreeAsync(storage, stream);
-    }
+    for (void* storage : grown) (void)ops_->FreeAsync(storage, stream);
     return status;
   }
   if (k_ != nullptr) {
@@ -183,6 +179,60 @@ Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
   for (void* storage : old) {
     if (storage) ZEROKV_RETURN_IF_ERROR(ops_->FreeAsync(storage, stream));
   }
+  return Status::Ok();
+}
+
+Status KVCache::AllocateZeroed(uint64_t capacity, StreamHandle stream, const std::string& why,
+                               void* (&storage)[2]) {
+  const size_t bytes = position_bytes() * static_cast<size_t>(capacity);
+  Status status = Status::Ok();
+  for (int i = 0; i < 2 && status.ok(); ++i) {
+    status = ops_->AllocateAsync(bytes, stream, &storage[i]);
+    if (!status.ok()) {
+      storage[i] = nullptr;
+      status = Status(status.code(), why + " " + std::to_string(capacity) + " positions (" +
+                                         std::to_string(bytes) +
+                                         " bytes each for K and V): " + status.message());
+      break;
+    }
+    status = ops_->Zero(storage[i], bytes, stream);
+  }
+  if (!status.ok()) {
+    for (void*& allocated : storage) {
+      if (allocated) (void)ops_->FreeAsync(allocated, stream);
+      allocated = nullptr;
+    }
+  }
+  return status;
+}
+
+Status KVCache::ReleaseReserve(StreamHandle stream) {
+  Status status = Status::Ok();
+  for (void*& storage : reserve_) {
+    Status freed = ops_->FreeAsync(storage, stream);
+    if (status.ok()) status = freed;
+    storage = nullptr;
+  }
+  reserve_capacity_ = 0;
+  return status;
+}
+
+Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *prepared = false;
+  // Outside a step nothing would order the reserve's zeroing before another stream's use of it.
+  if (!held_) return base::Internal("KVCache::PrepareGrowth outside a held step");
+  if (config_.policy != blob::KVPolicy::kFlat || k_ == nullptr || reserve_capacity_ != 0 ||
+      capacity_ == config_.max_capacity || lookahead <= capacity_ - length_) {
+    return Status::Ok();
+  }
+  // The capacity the first step past this one plans, the growth a decode step meets.
+  uint64_t next = 0;
+  ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, capacity_, 1, &next));
+  ZEROKV_RETURN_IF_ERROR(
+      AllocateZeroed(next, stream, "preparing a KV cache's growth to", reserve_));
+  reserve_capacity_ = next;
+  *prepared = true;
   return Status::Ok();
 }
 
@@ -246,7 +296,7 @@ size_t KVCache::bytes_per_tensor() const {
 KVCacheMetrics KVCache::metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
   KVCacheMetrics metrics;
-  metrics.bytes_reserved = 2 * position_bytes() * capacity_;
+  metrics.bytes_reserved = 2 * position_bytes() * (capacity_ + reserve_capacity_);
   metrics.bytes_in_use = 2 * position_bytes() * length_;
   metrics.growths = growths_;
   metrics.bytes_moved = bytes_moved_;

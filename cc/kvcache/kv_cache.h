@@ -7,6 +7,8 @@
 //   ZEROKV_RETURN_IF_ERROR(cache.BeginStep(step, &position));  // every cache, before anything is touched
 //   ZEROKV_RETURN_IF_ERROR(cache.Prepare(stream));
 //   ...bind cache.k() / cache.v() at cache.shape(), fill the step's positions, enqueue on `stream`...
+//   bool prepared;
+//   if (run_ok) (void)cache.PrepareGrowth(lookahead, stream, &prepared);  // optional; see below
 //   cache.MarkUsed(stream);                                    // whether the run succeeded or not
 //   cache.EndStep(/*commit=*/run_ok);                          // only a successful run advances
 //
@@ -20,6 +22,18 @@
 // (as often as needed, capped at max_capacity) and the old contents are copied into the new
 // storage on the step's stream, the old storage released only after that copy (stream-ordered
 // allocation, DeviceOps::AllocateAsync / FreeAsync). Beyond max_capacity a step is refused.
+//
+// A growth may be prepared ahead, because allocating fresh device memory costs the host time
+// (cudaMallocAsync: about 75 us per 64 MiB on an H200) and a model's layers all grow in the same
+// step: PrepareGrowth, within `lookahead` positions of the capacity, allocates and zeroes the next
+// capacity's storage (the doubling a one-token growth plans, capped at max_capacity) and keeps it
+// aside as a reserve; the growth to exactly that capacity then only copies the old rows into it.
+// A growth to another capacity (a wide step jumping further) releases the reserve and allocates as
+// usual. The reserve counts in bytes_reserved, survives a reset (nothing writes it, so it stays
+// zero) and is released with the cache. Its cost is memory: from its reservation to the growth a
+// cache holds its next capacity besides its current one. A caller spreads the reserves of its
+// caches over several steps so that no step pays for every layer's next capacity at once (the
+// delegate: one per step).
 // Ring caches hold `window` positions from the start and never grow; their length saturates at
 // the window (their position does not), and a step wider than the window is refused.
 //
@@ -28,7 +42,8 @@
 //
 // Streams: the cache may be used from several streams (the prefill and decode delegates of one
 // program share it). Prepare orders its stream after the cache's last recorded use (an event, no
-// host block); MarkUsed records that use.
+// host block); MarkUsed records that use. PrepareGrowth runs inside the held step, on its stream,
+// before its MarkUsed, so that the event orders the reserve's zeroing before any later use too.
 //
 // Thread safety: every method locks the cache. A step (BeginStep .. EndStep) or a reset
 // (BeginReset .. EndReset) holds the cache: another step or reset meanwhile is refused, so two
@@ -87,7 +102,7 @@ uint64_t CommittedLength(const KVCacheConfig& config, uint64_t length, uint64_t 
 
 // Memory accounting over K and V together.
 struct KVCacheMetrics {
-  uint64_t bytes_reserved = 0;  // storage allocated now
+  uint64_t bytes_reserved = 0;  // storage allocated now, a growth's prepared ahead included
   uint64_t bytes_in_use = 0;    // committed positions
   uint64_t growths = 0;         // reallocations that preserved contents
   uint64_t bytes_moved = 0;     // bytes those reallocations copied
@@ -118,6 +133,14 @@ class KVCache {
   // storage, zeroes it after a reset. On failure the old storage, its contents and the length are
   // intact.
   Status Prepare(StreamHandle stream);
+
+  // Prepares the growth ahead, within a held step before its MarkUsed, on the step's `stream`
+  // (refused outside a step): for an allocated flat cache below max_capacity without a reserve,
+  // whose committed length (the held step not counted) + `lookahead` exceeds its capacity,
+  // allocates and zeroes the next capacity's K and V and keeps them as the reserve. `prepared` says
+  // whether it allocated. Changes nothing a step binds (k, v, shape, capacity). On failure it holds
+  // nothing new, and the growth allocates when it comes, as without a reserve.
+  Status PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared);
 
   // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
   Status MarkUsed(StreamHandle stream);
@@ -150,6 +173,12 @@ class KVCache {
   size_t position_bytes() const;
   size_t row_bytes(uint64_t capacity) const;  // one (batch, head) row at `capacity` positions
   Status Reallocate(uint64_t capacity, StreamHandle stream);
+  // Allocates and zeroes K and V of `capacity` positions into `storage`, on `stream`; on failure
+  // releases what it allocated. `why` begins the error message.
+  Status AllocateZeroed(uint64_t capacity, StreamHandle stream, const std::string& why,
+                        void* (&storage)[2]);
+  // Releases the reserve on `stream`.
+  Status ReleaseReserve(StreamHandle stream);
 
   const KVCacheConfig config_;
   const std::shared_ptr<DeviceOps> ops_;
@@ -157,6 +186,8 @@ class KVCache {
   void* k_ = nullptr;
   void* v_ = nullptr;
   uint64_t capacity_ = 0;
+  void* reserve_[2] = {nullptr, nullptr};  // K and V, zeroed, for the growth to reserve_capacity_
+  uint64_t reserve_capacity_ = 0;          // 0: no reserve
   uint64_t length_ = 0;
   uint64_t position_ = 0;
   bool held_ = false;         // a step or a reset is between its Begin and End

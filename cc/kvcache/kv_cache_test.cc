@@ -131,6 +131,22 @@ class KVCacheTest : public ::testing::Test {
     cache.EndStep(/*commit=*/true);
   }
 
+  // A step that prepares the next growth, as the delegate does after a successful run: before
+  // MarkUsed, on the step's stream.
+  void StepPreparingGrowth(KVCache& cache, uint64_t step, uint64_t lookahead, StreamHandle stream,
+                           bool* prepared) {
+    uint64_t position = 0;
+    ASSERT_TRUE(cache.BeginStep(step, &position).ok());
+    ASSERT_TRUE(cache.Prepare(stream).ok());
+    for (uint64_t i = 0; i < step; ++i) {
+      Write(cache, position + i, static_cast<float>(position + i + 1));
+    }
+    Status status = cache.PrepareGrowth(lookahead, stream, prepared);
+    ASSERT_TRUE(status.ok()) << status.message();
+    ASSERT_TRUE(cache.MarkUsed(stream).ok());
+    cache.EndStep(/*commit=*/true);
+  }
+
   CountingDeviceOps::Record record_;
 };
 
@@ -331,6 +347,173 @@ TEST_F(KVCacheTest, ReleasesStorageAtDestruction) {
   }
   EXPECT_EQ(record_.allocations_live, 0);
   EXPECT_EQ(record_.synchronizations, 1);  // drained its last use first
+}
+
+TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContents) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  StreamHandle stream = &record_;
+  Step(*cache, 2, stream);
+  const uint64_t position_bytes = 2 * 4 * sizeof(float);  // heads * head_dim, one of K and V
+  void* const k = cache->k();
+  void* const v = cache->v();
+  const int allocated = record_.async_allocations;
+  const int zeroed = record_.zeroings;
+
+  bool prepared = false;
+  StepPreparingGrowth(*cache, 1, /*lookahead=*/3, stream, &prepared);  // 2 committed + 3 > 4
+  EXPECT_TRUE(prepared);
+  EXPECT_EQ(record_.async_allocations, allocated + 2);  // K and V at 8 positions, zeroed
+  EXPECT_EQ(record_.zeroings, zeroed + 2);
+  EXPECT_EQ(cache->k(), k);  // nothing a step binds changed
+  EXPECT_EQ(cache->v(), v);
+  EXPECT_EQ(cache->shape(), (std::vector<int64_t>{1, 2, 4, 4}));
+  EXPECT_EQ(cache->metrics().capacity, 4u);
+  EXPECT_EQ(cache->metrics().bytes_reserved, 2 * position_bytes * (4 + 8));  // memory held now
+
+  // One reserve at a time: the next step within the lookahead allocates nothing more.
+  StepPreparingGrowth(*cache, 1, /*lookahead=*/3, stream, &prepared);
+  EXPECT_FALSE(prepared);
+  EXPECT_EQ(record_.async_allocations, allocated + 2);
+
+  // The growth to 8 takes the reserve: the old rows copied in, no allocation, no zeroing.
+  const size_t copies = record_.copies.size();
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  ASSERT_TRUE(cache->Prepare(stream).ok());
+  EXPECT_EQ(record_.async_allocations, allocated + 2);
+  EXPECT_EQ(record_.zeroings, zeroed + 2);
+  EXPECT_EQ(record_.copies.size(), copies + 2);
+  EXPECT_EQ(record_.allocations_live, 2);  // the old storage released
+  EXPECT_EQ(cache->shape(), (std::vector<int64_t>{1, 2, 8, 4}));
+  for (int64_t row = 0; row < 2; ++row) {
+    for (uint64_t at = 0; at < 8; ++at) {
+      const float expected = at < 4 ? static_cast<float>(at + 1) : 0.0f;
+      EXPECT_EQ(At(*cache, cache->k(), row, at), expected) << row << " " << at;
+      EXPECT_EQ(At(*cache, cache->v(), row, at), -expected) << row << " " << at;
+    }
+  }
+  cache->EndStep(/*commit=*/true);
+  const KVCacheMetrics metrics = cache->metrics();
+  EXPECT_EQ(metrics.growths, 1u);
+  EXPECT_EQ(metrics.bytes_moved, 2 * position_bytes * 4);
+  EXPECT_EQ(metrics.bytes_reserved, 2 * position_bytes * 8);
+}
+
+TEST_F(KVCacheTest, AReserveOfAnotherCapacityIsReleasedAndTheGrowthKeepsContents) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 3);
+  bool prepared = false;
+  StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+  ASSERT_TRUE(prepared);  // at 8 positions
+  EXPECT_EQ(record_.allocations_live, 4);
+
+  // A step of 5 after 4 needs 16 positions: the reserve at 8 is released, the growth allocates.
+  const int allocated = record_.async_allocations;
+  Step(*cache, 5);
+  EXPECT_EQ(record_.async_allocations, allocated + 2);
+  EXPECT_EQ(record_.allocations_live, 2);  // no leak: the reserve and the old storage are gone
+  const KVCacheMetrics metrics = cache->metrics();
+  EXPECT_EQ(metrics.capacity, 16u);
+  EXPECT_EQ(metrics.bytes_reserved, 2u * 2 * 4 * sizeof(float) * 16);
+  for (uint64_t at = 0; at < 16; ++at) {
+    const float expected = at < 9 ? static_cast<float>(at + 1) : 0.0f;
+    EXPECT_EQ(At(*cache, cache->k(), 1, at), expected) << at;
+    EXPECT_EQ(At(*cache, cache->v(), 0, at), -expected) << at;
+  }
+}
+
+TEST_F(KVCacheTest, OnlyAFlatCacheBelowItsMaxReservesAndOnlyWithinTheLookahead) {
+  bool prepared = true;
+  uint64_t position = 0;
+  // Outside a step there is no stream ordering the reserve before the next use.
+  std::unique_ptr<KVCache> flat = Make(Flat(4, 6));
+  Step(*flat, 1);
+  Status outside = flat->PrepareGrowth(/*lookahead=*/8, nullptr, &prepared);
+  EXPECT_EQ(outside.code(), Error::Internal);
+  EXPECT_FALSE(prepared);
+  const int allocated = record_.async_allocations;
+  ASSERT_TRUE(flat->BeginStep(1, &position).ok());
+  ASSERT_TRUE(flat->Prepare(nullptr).ok());
+  ASSERT_TRUE(flat->PrepareGrowth(/*lookahead=*/3, nullptr, &prepared).ok());  // 1 + 3 <= 4
+  EXPECT_FALSE(prepared);
+  EXPECT_EQ(record_.async_allocations, allocated);
+  ASSERT_TRUE(flat->PrepareGrowth(/*lookahead=*/4, nullptr, &prepared).ok());
+  EXPECT_TRUE(prepared);  // at the max of 6, not 8
+  EXPECT_EQ(flat->metrics().bytes_reserved, 2u * 2 * 4 * sizeof(float) * (4 + 6));
+  flat->EndStep(/*commit=*/true);
+  Step(*flat, 4);  // grows to 6 through the reserve
+  EXPECT_EQ(record_.async_allocations, allocated + 2);
+  EXPECT_EQ(flat->metrics().capacity, 6u);
+  // At max_capacity there is no next capacity.
+  ASSERT_TRUE(flat->BeginStep(0, &position).ok());
+  ASSERT_TRUE(flat->Prepare(nullptr).ok());
+  ASSERT_TRUE(flat->PrepareGrowth(/*lookahead=*/100, nullptr, &prepared).ok());
+  EXPECT_FALSE(prepared);
+  flat->EndStep(/*commit=*/false);
+
+  // A ring never grows.
+  std::unique_ptr<KVCache> ring = Make(Ring(6));
+  Step(*ring, 5);
+  ASSERT_TRUE(ring->BeginStep(1, &position).ok());
+  ASSERT_TRUE(ring->Prepare(nullptr).ok());
+  ASSERT_TRUE(ring->PrepareGrowth(/*lookahead=*/100, nullptr, &prepared).ok());
+  EXPECT_FALSE(prepared);
+  ring->EndStep(/*commit=*/true);
+  EXPECT_EQ(record_.async_allocations, allocated + 4);  // the ring's own K and V only
+  EXPECT_EQ(ring->metrics().bytes_reserved, 2u * 2 * 4 * sizeof(float) * 6);
+}
+
+TEST_F(KVCacheTest, AFailedReservationLeavesTheCacheFullyUsable) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 3);
+  void* const k = cache->k();
+  const int live = record_.allocations_live;
+  for (int failing : {1, 2}) {  // K's reserve fails; V's fails after K's succeeded
+    record_.fail_async_allocation_in = failing;
+    uint64_t position = 0;
+    ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+    ASSERT_TRUE(cache->Prepare(nullptr).ok());
+    bool prepared = true;
+    Status status = cache->PrepareGrowth(/*lookahead=*/4, nullptr, &prepared);
+    cache->EndStep(/*commit=*/false);
+    EXPECT_EQ(status.code(), Error::MemoryAllocationFailed);
+    EXPECT_NE(status.message().find("preparing a KV cache's growth to 8 positions"),
+              std::string::npos)
+        << status.message();
+    EXPECT_FALSE(prepared);
+    EXPECT_EQ(record_.allocations_live, live);  // K's reserve released with V's failure
+    EXPECT_EQ(cache->k(), k);
+    EXPECT_EQ(cache->metrics().bytes_reserved, 2u * 2 * 4 * sizeof(float) * 4);
+  }
+  // The growth allocates as it would have without a reserve; the contents survive it.
+  for (int token = 0; token < 6; ++token) Step(*cache, 1);
+  EXPECT_EQ(cache->metrics().capacity, 16u);
+  EXPECT_EQ(record_.allocations_live, 2);
+  for (uint64_t at = 0; at < 9; ++at) EXPECT_EQ(At(*cache, cache->k(), 0, at), at + 1.0f) << at;
+}
+
+TEST_F(KVCacheTest, AResetKeepsTheReserveAndDestructionReleasesIt) {
+  {
+    std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+    Step(*cache, 3);
+    bool prepared = false;
+    StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    ASSERT_TRUE(prepared);
+    ASSERT_TRUE(cache->BeginReset().ok());
+    cache->EndReset(/*reset=*/true);
+    EXPECT_EQ(cache->metrics().bytes_reserved, 2u * 2 * 4 * sizeof(float) * (4 + 8));
+    const int allocated = record_.async_allocations;
+    Step(*cache, 6);  // grows into the kept reserve
+    EXPECT_EQ(record_.async_allocations, allocated);
+    EXPECT_EQ(cache->metrics().capacity, 8u);
+    for (uint64_t at = 0; at < 8; ++at) {
+      EXPECT_EQ(At(*cache, cache->k(), 1, at), at < 6 ? at + 1.0f : 0.0f) << at;
+    }
+    StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    ASSERT_TRUE(prepared);  // at 16, held when the cache goes
+    EXPECT_EQ(record_.allocations_live, 4);
+  }
+  EXPECT_EQ(record_.allocations_live, 0);
 }
 
 TEST_F(KVCacheTest, ASequenceSharesByKeyAndRefusesAnotherLayout) {

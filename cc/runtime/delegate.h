@@ -33,8 +33,10 @@
 // ring layer's slots_binding) to a buffer of its own, filled on the run's stream with the step's
 // positions [length, length + step) from the committed length (a ring's slots modulo its window).
 // The caller's tensor for those inputs supplies the shape only: its values are never read. After a
-// successful run it commits the step; a refused or failed execute never advances a cache, so a
-// retry writes the same positions again.
+// successful run it prepares at most one cache's next growth ahead (KVCache::PrepareGrowth), so
+// that the layers' allocations are spread over the steps before the growth instead of all landing
+// in it, and commits the step; a refused or failed execute never advances a cache, so a retry
+// writes the same positions again.
 //
 // Threads: one delegate serves one thread at a time (ExecuTorch runs a method's instructions in
 // order); different delegates execute concurrently, each on its own sequence.
@@ -125,9 +127,12 @@ class Delegate {
   Status UseSequence(const std::shared_ptr<kvcache::Sequence>& sequence);
   // Holds every cache for the step and reads its first position; on failure holds none.
   Status BeginStep(Plan* plan);
-  // Binds everything, enqueues the engine and finishes the outputs, on `stream`.
+  // Binds everything, enqueues the engine, finishes the outputs and prepares a growth ahead, on
+  // `stream`.
   Status Run(Plan& plan, StreamHandle stream);
   Status FillPositions(size_t index, const Plan& plan, StreamHandle stream);
+  // After a successful run, on its stream: the first cache that reserves its next capacity does.
+  void PrepareGrowthAhead(const Plan& plan, StreamHandle stream);
   Status EnsureStaging(Binding& binding);
   Status Drain();
 

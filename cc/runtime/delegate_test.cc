@@ -43,6 +43,7 @@ using testing::EngineBindingsOf;
 using testing::OwnedTensor;
 using testing::RuntimeKvBlob;
 using testing::RuntimeKvEngine;
+using testing::WithLayers;
 using ET = executorch::runtime::etensor::DeviceType;
 
 constexpr int kPositions = 8;
@@ -816,7 +817,11 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
   const std::string key = "delegate_test.no_memory";
   blob::Blob blob = RuntimeKvBlob(key, 4, 64);
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  // The growth's storage prepared ahead, after the run's K and V, fails: the step does not.
+  record_.fail_async_allocation_in = 3;
   ASSERT_TRUE(Step(*delegate_, 0, 4).ok());
+  EXPECT_EQ(Metrics(key).length, 4u);
+  EXPECT_EQ(Metrics(key).bytes_reserved, 2u * 2 * 4 * sizeof(float) * 4);  // no reserve held
   const void* k = delegate_->bound_address("k");
   const int enqueued = engine_->enqueue_count;
   record_.fail_async_allocation_in = 2;  // V's new storage, after K's
@@ -829,6 +834,55 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
   ASSERT_TRUE(Step(*delegate_, 4, 1).ok());
   EXPECT_NE(delegate_->bound_address("k"), k);
   EXPECT_EQ(logits_->data()[0], 5.0f);
+}
+
+// Allocating every layer's next capacity in one step made that step several times slower than the
+// others on the H200 (cudaMallocAsync's host time): each step prepares at most one cache's growth
+// ahead, so the growth steps allocate nothing.
+TEST_F(RuntimeKvTest, GrowthIsPreparedOneCachePerStepSoTheGrowthStepsAllocateNothing) {
+  const std::string key = "delegate_test.spread";
+  constexpr size_t kLayers = 4;
+  blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  const int delegate_owned = record_.allocations_live;
+  std::vector<std::shared_ptr<kvcache::KVCache>> caches;
+  for (size_t i = 0; i < kLayers; ++i) {
+    caches.push_back(
+        kvcache::Sequence::FindImplicit()->Find(i == 0 ? key : key + "." + std::to_string(i)));
+    ASSERT_NE(caches.back(), nullptr) << i;
+  }
+  ASSERT_TRUE(Step(*delegate_, 0, 1).ok());  // allocates every cache
+  int growth_steps = 0;
+  for (int64_t position = 1; position < 60; ++position) {
+    const int allocated = record_.async_allocations;
+    uint64_t growths = 0;
+    for (const auto& cache : caches) growths += cache->metrics().growths;
+    Status status = Step(*delegate_, position, 1);
+    ASSERT_TRUE(status.ok()) << position << ": " << status.message();
+    EXPECT_EQ(logits_->data()[0], static_cast<float>(position + 1)) << position;
+    // K and V of one cache at most: a reserve, never a growth's storage.
+    EXPECT_LE(record_.async_allocations - allocated, 2) << position;
+    uint64_t grown = 0;
+    for (const auto& cache : caches) grown += cache->metrics().growths;
+    if (grown != growths) {
+      EXPECT_EQ(grown - growths, kLayers) << position;  // every layer grows in the same step
+      ++growth_steps;
+    }
+  }
+  EXPECT_EQ(growth_steps, 3);  // 8 -> 16 -> 32 -> 64
+  // Each capacity was allocated once per cache: no reserve was wasted or leaked.
+  EXPECT_EQ(record_.async_allocations, static_cast<int>(kLayers * 2 * 4));
+  EXPECT_EQ(record_.allocations_live, delegate_owned + 2 * static_cast<int>(kLayers));
+  for (size_t i = 0; i < kLayers; ++i) {
+    const kvcache::KVCacheMetrics metrics = caches[i]->metrics();
+    EXPECT_EQ(metrics.capacity, 64u) << i;
+    EXPECT_EQ(metrics.length, 60u) << i;
+    EXPECT_EQ(metrics.bytes_reserved, 2u * 2 * 4 * sizeof(float) * 64) << i;  // at max: no reserve
+    const auto* k = static_cast<const float*>(caches[i]->k());
+    for (int64_t at = 0; at < 64; ++at) {
+      EXPECT_EQ(k[(64 + at) * 4], at < 60 ? at + 1.0f : 0.0f) << i << " " << at;
+    }
+  }
 }
 
 // A ring layer's write slots are the runtime's too: (position + t) mod window, in the slots

@@ -35,6 +35,8 @@ class CountingDeviceOps final : public DeviceOps {
     int streams_created = 0;
     int streams_destroyed = 0;
     int allocations_live = 0;
+    int async_allocations = 0;  // AllocateAsync calls that allocated
+    int zeroings = 0;           // Zero calls
     int fail_async_allocation_in = 0;  // n > 0: the n-th AllocateAsync from now fails
     // An allocation of more bytes fails, as on a device with this much memory.
     size_t capacity = std::numeric_limits<size_t>::max();
@@ -59,7 +61,9 @@ class CountingDeviceOps final : public DeviceOps {
                     "counting device: scripted allocation failure of " + std::to_string(bytes) +
                         " bytes");
     }
-    return AllocateLocked(bytes, data);
+    ZEROKV_RETURN_IF_ERROR(AllocateLocked(bytes, data));
+    ++record_->async_allocations;
+    return Status::Ok();
   }
   Status FreeAsync(void* data, StreamHandle) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
@@ -85,6 +89,7 @@ class CountingDeviceOps final : public DeviceOps {
   }
   Status Zero(void* data, size_t bytes, StreamHandle) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
+    ++record_->zeroings;
     std::memset(data, 0, bytes);
     return Status::Ok();
   }

@@ -73,32 +73,76 @@ inline blob::Blob RuntimeKvBlob(const std::string& storage_key, uint64_t initial
   return blob;
 }
 
+// `blob` (a RuntimeKvBlob of a flat layer) with `layers` layers: layer i > 0 repeats layer 0
+// through bindings k.i, v.i, k.i_out and v.i_out, over storage key "<layer 0's key>.i".
+inline blob::Blob WithLayers(blob::Blob blob, size_t layers) {
+  const blob::KVLayer first = blob.metadata.kv_layers[0];
+  const std::vector<IOBinding> bindings = blob.metadata.bindings;
+  for (size_t i = 1; i < layers; ++i) {
+    const std::string suffix = "." + std::to_string(i);
+    for (const IOBinding& binding : bindings) {
+      for (const std::string& input : {first.k_binding, first.v_binding}) {
+        IOBinding added = binding;
+        if (binding.name == input) {
+          added.name = input + suffix;
+        } else if (binding.name == input + "_out") {
+          added.name = input + suffix + "_out";
+        } else {
+          continue;
+        }
+        blob.metadata.bindings.push_back(added);
+      }
+    }
+    for (const std::string& input : {first.k_binding, first.v_binding}) {
+      blob.metadata.aliased_io.push_back(
+          AliasedIO{input + suffix + "_out", input + suffix, AliasKind::kKvCacheUpdate});
+    }
+    blob::KVLayer layer = first;
+    layer.k_binding += suffix;
+    layer.v_binding += suffix;
+    layer.storage_key += suffix;
+    blob.metadata.kv_layers.push_back(layer);
+  }
+  return blob;
+}
+
 // The model: token t of the step is at position[t] (or position[0] + t when position holds one
 // element) and is written, as position + 1 in K and -(position + 1) in V, at that position, or at
-// slots[t] on a ring; then logits[t] counts the positions of K's first row that hold data, so a
-// step proves it sees every earlier step. A write past the bound capacity fails.
+// slots[t] on a ring, in every layer (through the output named for its input, + "_out"); then
+// logits[t] counts the positions of the first layer's K's first row that hold data, so a step
+// proves it sees every earlier step. A write past the bound capacity fails.
 inline std::unique_ptr<TestEngine> RuntimeKvEngine(const blob::Blob& blob, bool ring = false) {
-  auto engine = std::make_unique<TestEngine>(
-      EngineBindingsOf(blob), std::map<std::string, std::string>{{"k_out", "k"}, {"v_out", "v"}},
-      ComputeDevice::kCuda);
-  engine->on_enqueue = [ring](TestEngine& e) -> Status {
+  std::map<std::string, std::string> aliases;
+  for (const AliasedIO& alias : blob.metadata.aliased_io) aliases[alias.output] = alias.input;
+  std::vector<std::string> layers;  // each layer's K binding, then its V binding
+  for (const blob::KVLayer& layer : blob.metadata.kv_layers) {
+    layers.push_back(layer.k_binding);
+    layers.push_back(layer.v_binding);
+  }
+  auto engine = std::make_unique<TestEngine>(EngineBindingsOf(blob), std::move(aliases),
+                                             ComputeDevice::kCuda);
+  engine->on_enqueue = [ring, layers](TestEngine& e) -> Status {
     const int64_t steps = e.input_shapes["tokens"][1];
-    const int64_t capacity = e.input_shapes["k"][2];
     const auto* position = static_cast<const int64_t*>(e.bound["position"].data);
     const bool per_token = e.input_shapes["position"][0] == steps;
-    float* k = static_cast<float*>(e.bound["k_out"].data);
-    float* v = static_cast<float*>(e.bound["v_out"].data);
-    for (int64_t t = 0; t < steps; ++t) {
-      const int64_t at = per_token ? position[t] : position[0] + t;
-      const int64_t slot = ring ? static_cast<const int32_t*>(e.bound["slots"].data)[t] : at;
-      if (slot < 0 || slot >= capacity) return Internal("test model: write past the capacity");
-      for (int64_t row = 0; row < 2; ++row) {
-        for (int64_t d = 0; d < 4; ++d) {
-          k[(row * capacity + slot) * 4 + d] = static_cast<float>(at + 1);
-          v[(row * capacity + slot) * 4 + d] = -static_cast<float>(at + 1);
+    for (size_t layer = 0; layer < layers.size(); layer += 2) {
+      const int64_t capacity = e.input_shapes[layers[layer]][2];
+      float* k = static_cast<float*>(e.bound[layers[layer] + "_out"].data);
+      float* v = static_cast<float*>(e.bound[layers[layer + 1] + "_out"].data);
+      for (int64_t t = 0; t < steps; ++t) {
+        const int64_t at = per_token ? position[t] : position[0] + t;
+        const int64_t slot = ring ? static_cast<const int32_t*>(e.bound["slots"].data)[t] : at;
+        if (slot < 0 || slot >= capacity) return Internal("test model: write past the capacity");
+        for (int64_t row = 0; row < 2; ++row) {
+          for (int64_t d = 0; d < 4; ++d) {
+            k[(row * capacity + slot) * 4 + d] = static_cast<float>(at + 1);
+            v[(row * capacity + slot) * 4 + d] = -static_cast<float>(at + 1);
+          }
         }
       }
     }
+    const int64_t capacity = e.input_shapes[layers[0]][2];
+    const auto* k = static_cast<const float*>(e.bound[layers[0] + "_out"].data);
     int64_t filled = 0;
     for (int64_t slot = 0; slot < capacity; ++slot) filled += k[slot * 4] != 0.0f;
     float* logits = static_cast<float*>(e.bound["logits"].data);
