@@ -72,6 +72,16 @@ class Engine {
   // host engine has finished by then).
   virtual Status Enqueue(StreamHandle stream) = 0;
 
+  // Readies the engine for the shapes and addresses bound since the last Enqueue, without running
+  // anything, for a later Enqueue that binds the same: an engine whose first run of a binding
+  // costs the host time (capturing a CUDA graph) spends it now, so that the step that switches to
+  // that binding does not. Nothing reads or writes the bound addresses here. It binds nothing for
+  // the next Enqueue, whose caller sets every binding again. By default there is nothing to ready.
+  virtual Status Prepare(StreamHandle stream) {
+    (void)stream;
+    return Status::Ok();
+  }
+
   // The shape output `name` has after the last Enqueue.
   virtual Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const = 0;
 };

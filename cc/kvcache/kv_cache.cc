@@ -284,8 +284,20 @@ void* KVCache::v() const {
 
 std::vector<int64_t> KVCache::shape() const {
   std::lock_guard<std::mutex> lock(mutex_);
+  return ShapeAt(capacity_);
+}
+
+std::vector<int64_t> KVCache::ShapeAt(uint64_t capacity) const {
   return {static_cast<int64_t>(config_.batch), static_cast<int64_t>(config_.heads),
-          static_cast<int64_t>(capacity_), static_cast<int64_t>(config_.head_dim)};
+          static_cast<int64_t>(capacity), static_cast<int64_t>(config_.head_dim)};
+}
+
+bool KVCache::Reserve(CacheStorage* reserve) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (reserve_capacity_ == 0) return false;
+  *reserve = {reserve_[0], reserve_[1], ShapeAt(reserve_capacity_),
+              position_bytes() * static_cast<size_t>(reserve_capacity_)};
+  return true;
 }
 
 size_t KVCache::bytes_per_tensor() const {

@@ -111,6 +111,15 @@ struct KVCacheMetrics {
   uint64_t position = 0;        // tokens committed since the last reset: the next step's first position
 };
 
+// Where a cache's K and V are bound: their addresses, their shape [batch, heads, capacity, head_dim]
+// and the bytes of each.
+struct CacheStorage {
+  void* k = nullptr;
+  void* v = nullptr;
+  std::vector<int64_t> shape;
+  size_t bytes_per_tensor = 0;
+};
+
 class KVCache {
  public:
   // `ops` allocates and copies on config.device; it is shared with the delegate that created the
@@ -163,6 +172,10 @@ class KVCache {
   // Bytes of one of K and V.
   size_t bytes_per_tensor() const;
 
+  // The storage the growth prepared ahead will bind (the reserve, zeroed, at its capacity), so that
+  // a caller can ready an engine for it before the growth; false when the cache holds no reserve.
+  bool Reserve(CacheStorage* reserve) const;
+
   KVCacheMetrics metrics() const;
   const KVCacheConfig& config() const { return config_; }
 
@@ -172,6 +185,7 @@ class KVCache {
   // Bytes of one position of one of K and V, over batch and heads.
   size_t position_bytes() const;
   size_t row_bytes(uint64_t capacity) const;  // one (batch, head) row at `capacity` positions
+  std::vector<int64_t> ShapeAt(uint64_t capacity) const;
   Status Reallocate(uint64_t capacity, StreamHandle stream);
   // Allocates and zeroes K and V of `capacity` positions into `storage`, on `stream`; on failure
   // releases what it allocated. `why` begins the error message.

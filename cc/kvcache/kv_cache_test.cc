@@ -358,10 +358,18 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   void* const v = cache->v();
   const int allocated = record_.async_allocations;
   const int zeroed = record_.zeroings;
+  CacheStorage reserve;
+  EXPECT_FALSE(cache->Reserve(&reserve));
 
   bool prepared = false;
   StepPreparingGrowth(*cache, 1, /*lookahead=*/3, stream, &prepared);  // 2 committed + 3 > 4
   EXPECT_TRUE(prepared);
+  ASSERT_TRUE(cache->Reserve(&reserve));  // what an engine can be readied for, before the growth
+  EXPECT_NE(reserve.k, nullptr);
+  EXPECT_NE(reserve.v, nullptr);
+  EXPECT_NE(reserve.k, k);
+  EXPECT_EQ(reserve.shape, (std::vector<int64_t>{1, 2, 8, 4}));
+  EXPECT_EQ(reserve.bytes_per_tensor, position_bytes * 8);
   EXPECT_EQ(record_.async_allocations, allocated + 2);  // K and V at 8 positions, zeroed
   EXPECT_EQ(record_.zeroings, zeroed + 2);
   EXPECT_EQ(cache->k(), k);  // nothing a step binds changed
@@ -384,7 +392,11 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   EXPECT_EQ(record_.zeroings, zeroed + 2);
   EXPECT_EQ(record_.copies.size(), copies + 2);
   EXPECT_EQ(record_.allocations_live, 2);  // the old storage released
-  EXPECT_EQ(cache->shape(), (std::vector<int64_t>{1, 2, 8, 4}));
+  EXPECT_EQ(cache->shape(), reserve.shape);
+  EXPECT_EQ(cache->k(), reserve.k);  // the growth binds exactly what Reserve reported
+  EXPECT_EQ(cache->v(), reserve.v);
+  EXPECT_EQ(cache->bytes_per_tensor(), reserve.bytes_per_tensor);
+  EXPECT_FALSE(cache->Reserve(&reserve));
   for (int64_t row = 0; row < 2; ++row) {
     for (uint64_t at = 0; at < 8; ++at) {
       const float expected = at < 4 ? static_cast<float>(at + 1) : 0.0f;

@@ -624,7 +624,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
                                       stream));
   }
 
-  PrepareGrowthAhead(plan, stream);
+  if (PrepareGrowthAhead(plan, stream)) PrepareEngineForGrowth(stream);
   if (plan.synchronize) return ops_->SynchronizeStream(stream);
   if (done_event_) {
     ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(done_event_, stream));
@@ -638,7 +638,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
 // next capacity ahead, so that the growth step only copies. Done before the stream is finished or
 // its event recorded: the host's time here overlaps the run's device work, and the reserve's
 // zeroing is finished or waited on with the run.
-void Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
+bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
   // (caches + 1) x width is the least lookahead that leaves every cache a step of its own before
   // the growth step (whose own reservation comes after its growth). Twice that gives each cache a
   // second chance when a reservation fails for want of memory, or when another delegate's wider
@@ -651,8 +651,40 @@ void Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
     // then allocates when it comes, as without a reserve, and reports a lack of memory with the
     // step that needs it. It is still this step's one attempt.
     Status reserved = cache->PrepareGrowth(lookahead, stream, &prepared);
-    if (prepared || !reserved.ok()) return;
+    if (prepared || !reserved.ok()) return false;
   }
+  return true;
+}
+
+// Switching to new storage costs an engine that replays CUDA graphs a capture (the host launches
+// every kernel of the step into it), which would make the growth step the slowest of all. Once the
+// caches hold their reserves, the engine captures for them here, where the host's time overlaps
+// this run's device work; the growth step then only copies rows and replays. Readied once per set
+// of reserves. A failure costs only that: the step's run succeeded, and the growth captures as it
+// would have without this.
+void Delegate::PrepareEngineForGrowth(StreamHandle stream) {
+  std::vector<std::optional<kvcache::CacheStorage>> reserves(caches_.size());
+  std::vector<std::pair<void*, int64_t>> prepared_for;  // each reserve's K and capacity
+  for (size_t layer = 0; layer < caches_.size(); ++layer) {
+    kvcache::CacheStorage reserve;
+    if (!caches_[layer]->Reserve(&reserve)) continue;
+    prepared_for.emplace_back(reserve.k, reserve.shape[2]);
+    reserves[layer] = std::move(reserve);
+  }
+  if (prepared_for.empty() || prepared_for == engine_prepared_for_) return;
+  engine_prepared_for_ = std::move(prepared_for);
+  for (const Binding& binding : bindings_) {
+    const Binding& input = binding.aliased_input ? bindings_[*binding.aliased_input] : binding;
+    if (!input.layer || !reserves[*input.layer]) continue;
+    const kvcache::CacheStorage& reserve = *reserves[*input.layer];
+    if (binding.spec.direction == blob::Direction::kInput &&
+        !engine_->SetInputShape(binding.spec.name, reserve.shape).ok()) {
+      return;
+    }
+    void* data = input.cache_value ? reserve.v : reserve.k;
+    if (!engine_->SetAddress(binding.spec.name, data, reserve.bytes_per_tensor).ok()) return;
+  }
+  (void)engine_->Prepare(stream);
 }
 
 }  // namespace zerokv::runtime

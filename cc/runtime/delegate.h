@@ -132,7 +132,10 @@ class Delegate {
   Status Run(Plan& plan, StreamHandle stream);
   Status FillPositions(size_t index, const Plan& plan, StreamHandle stream);
   // After a successful run, on its stream: the first cache that reserves its next capacity does.
-  void PrepareGrowthAhead(const Plan& plan, StreamHandle stream);
+  // True when none did and none failed to: every reserve the caches take ahead is in place.
+  bool PrepareGrowthAhead(const Plan& plan, StreamHandle stream);
+  // Then, on the same stream: readies the engine for the binding the growth step will have.
+  void PrepareEngineForGrowth(StreamHandle stream);
   Status EnsureStaging(Binding& binding);
   Status Drain();
 
@@ -144,6 +147,7 @@ class Delegate {
   std::vector<Layer> layers_;
   std::shared_ptr<kvcache::Sequence> home_;  // where loads placed the caches; executes default here
   std::vector<std::shared_ptr<kvcache::KVCache>> caches_;  // of sequence_id_, indexed like layers_
+  std::vector<std::pair<void*, int64_t>> engine_prepared_for_;  // the reserves the engine was readied for
   uint64_t sequence_id_ = 0;
   size_t step_binding_ = 0;  // the binding (an argument input) whose extent is the step width
   size_t step_dim_ = 0;

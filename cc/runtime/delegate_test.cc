@@ -885,6 +885,54 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedOneCachePerStepSoTheGrowthStepsAllocateNot
   }
 }
 
+// Once every layer holds its reserve, the engine is readied once (Prepare) for exactly the binding
+// the growth step then has: every cache input and its aliased output at the reserve, at the grown
+// shape, on the step's stream. The steps in between still run on the old storage.
+TEST_F(RuntimeKvTest, TheEngineIsReadiedAheadForTheBindingOfEachGrowth) {
+  const std::string key = "delegate_test.readied";
+  constexpr size_t kLayers = 4;
+  blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  std::vector<std::string> caches = {"k", "v"};
+  for (size_t i = 1; i < kLayers; ++i) {
+    caches.push_back("k." + std::to_string(i));
+    caches.push_back("v." + std::to_string(i));
+  }
+  std::shared_ptr<kvcache::KVCache> first = kvcache::Sequence::FindImplicit()->Find(key);
+  TestEngine::Preparation run;  // what each run was bound to, as it ran
+  engine_->on_enqueue = [&run, network = engine_->on_enqueue](TestEngine& engine) {
+    run = {engine.bound, engine.input_shapes, engine.last_stream};
+    return network(engine);
+  };
+  ASSERT_TRUE(Step(*delegate_, 0, 1).ok());
+  size_t growths = 0;
+  for (int64_t position = 1; position < 60; ++position) {
+    const size_t preparations = engine_->prepared.size();
+    const uint64_t capacity = first->metrics().capacity;
+    Status status = Step(*delegate_, position, 1);
+    ASSERT_TRUE(status.ok()) << position << ": " << status.message();
+    EXPECT_EQ(logits_->data()[0], static_cast<float>(position + 1)) << position;
+    EXPECT_EQ(run.bound["k"].data, first->k()) << position;  // the live storage, reserve or not
+    EXPECT_EQ(run.input_shapes["k"][2], static_cast<int64_t>(first->metrics().capacity)) << position;
+    if (first->metrics().capacity == capacity) continue;
+    ++growths;
+    // The growth step ran on what the last Prepare was given, and it was given before this step.
+    EXPECT_EQ(preparations, growths) << position;
+    ASSERT_GE(engine_->prepared.size(), growths);
+    const TestEngine::Preparation& readied = engine_->prepared[growths - 1];
+    EXPECT_EQ(readied.stream, run.stream) << position;
+    for (const std::string& name : caches) {
+      for (const std::string& bound : {name, name + "_out"}) {
+        EXPECT_EQ(readied.bound.at(bound).data, run.bound[bound].data) << position << " " << bound;
+        EXPECT_EQ(readied.bound.at(bound).capacity, run.bound[bound].capacity) << position << " " << bound;
+      }
+      EXPECT_EQ(readied.input_shapes.at(name), run.input_shapes[name]) << position << " " << name;
+    }
+  }
+  EXPECT_EQ(growths, 3u);                       // 8 -> 16 -> 32 -> 64
+  EXPECT_EQ(engine_->prepared.size(), growths);  // once each, and never at the max (no reserve)
+}
+
 // A ring layer's write slots are the runtime's too: (position + t) mod window, in the slots
 // argument the model indexes its write with; the caller's values are never read.
 TEST_F(RuntimeKvTest, RingSlotsComeFromTheRuntime) {

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <string>
@@ -36,6 +37,7 @@ namespace {
 
 std::atomic<uint64_t> cuda_graph_replays{0};
 std::atomic<uint64_t> cuda_graph_updates{0};
+std::atomic<uint64_t> cuda_graphs_captured_ahead{0};
 
 using base::Internal;
 using base::InvalidProgram;
@@ -256,6 +258,14 @@ class AotiEngine final : public Engine {
     return Run(stream);
   }
 
+  Status Prepare(StreamHandle stream) override {
+#ifdef ZEROKV_WITH_TORCH_CUDA
+    if (cuda_graph_) return PrepareGraph(stream);
+#endif
+    (void)stream;
+    return Status::Ok();
+  }
+
   Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
     for (const Slot& slot : slots_) {
       if (slot.name == name && slot.direction == blob::Direction::kOutput) {
@@ -324,6 +334,13 @@ class AotiEngine final : public Engine {
     }
   };
 
+  // Made torch's current stream (a guard) around a run: the package allocates its intermediates
+  // and outputs on the current stream, so that a capture takes them from the graph's private pool.
+  c10::cuda::CUDAStream TorchStream(StreamHandle stream) const {
+    return c10::cuda::getStreamFromExternal(static_cast<cudaStream_t>(stream),
+                                            static_cast<c10::DeviceIndex>(device_index_));
+  }
+
   GraphKey CurrentKey(StreamHandle stream) const {
     GraphKey key;
     key.stream = stream;
@@ -339,20 +356,26 @@ class AotiEngine final : public Engine {
   // captured, and replayed for as long as it stays. A binding that differs from the captured one
   // only in its addresses and capacities (a runtime-owned cache that grew) runs the same kernels
   // with other arguments: it is captured at once and the executable graph updated in place, which
-  // costs a fraction of instantiating a new one (Recapture). What a run decides on the host comes
-  // from the key (shapes), not from the bound data: a package that reads device data on the host
-  // needs a synchronous copy, which the capture refuses. A capture that fails (that, or the legacy
-  // default stream) turns graphs off for this engine, saying so once, and the run goes on uncaptured.
+  // costs a fraction of instantiating a new one (Recapture); a binding prepared ahead (Prepare) was
+  // captured then, and only updates the graph. What a run decides on the host comes from the key
+  // (shapes), not from the bound data: a package that reads device data on the host needs a
+  // synchronous copy, which the capture refuses. A capture that fails (that, or the legacy default
+  // stream) turns graphs off for this engine, saying so once, and the run goes on uncaptured.
   Status EnqueueGraph(StreamHandle stream) {
     GraphKey key = CurrentKey(stream);
-    const c10::cuda::CUDAStream torch_stream = c10::cuda::getStreamFromExternal(
-        static_cast<cudaStream_t>(stream), static_cast<c10::DeviceIndex>(device_index_));
-    // The package allocates its intermediates and outputs on torch's current stream: ours, so that
-    // a capture takes them from the graph's private memory pool.
-    c10::cuda::CUDAStreamGuard guard(torch_stream);
+    c10::cuda::CUDAStreamGuard guard(TorchStream(stream));
     if (graph_ && graph_key_ == key) {
       return Replay();
     }
+    if (graph_ && prepared_ && prepared_->key == key) {
+      seen_key_ = key;
+      for (size_t i = 0; i < slots_.size(); ++i) slots_[i].shape = prepared_->shapes[i];
+      std::unique_ptr<at::cuda::CUDAGraph> graph = std::move(prepared_->graph);
+      prepared_.reset();
+      cuda_graphs_captured_ahead.fetch_add(1, std::memory_order_relaxed);
+      return Install(stream, std::move(graph), std::move(key));
+    }
+    prepared_.reset();
     if (graph_ && OnlyCachesMoved(graph_key_, key)) {
       seen_key_ = key;
       return Recapture(stream, std::move(key));
@@ -363,6 +386,33 @@ class AotiEngine final : public Engine {
       return Run(stream);
     }
     return CaptureAndReplay(stream, std::move(key));
+  }
+
+  // The capture Recapture would make for the bound binding, made ahead of the run that needs it:
+  // while a graph replays and the binding differs from it only in where the caches are. It shares
+  // the replayed graph's memory pool (the two are never replayed at once). The capture's run sets
+  // the slots' shapes for its binding (an aliased output's, an output's that follows the caches);
+  // they are kept for the switch, and the slots restored, so that the runs until then report theirs.
+  Status PrepareGraph(StreamHandle stream) {
+    GraphKey key = CurrentKey(stream);
+    if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key) ||
+        (prepared_ && prepared_->key == key)) {
+      return Status::Ok();
+    }
+    prepared_.reset();
+    c10::cuda::CUDAStreamGuard guard(TorchStream(stream));
+    const std::vector<Slot> bound = slots_;
+    auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);
+    Status captured = Capture(stream, *graph, graph_->pool());
+    std::vector<std::vector<int64_t>> shapes;
+    for (const Slot& slot : slots_) shapes.push_back(slot.shape);
+    slots_ = bound;
+    if (!captured.ok()) {
+      graph_.reset();
+      return captured;
+    }
+    prepared_ = PreparedGraph{std::move(graph), std::move(key), std::move(shapes)};
+    return Status::Ok();
   }
 
   // Whether `to` differs from `from` only in where the aliased inputs (the caches the package
@@ -426,6 +476,12 @@ class AotiEngine final : public Engine {
       graph_.reset();
       return Run(stream);
     }
+    return Install(stream, std::move(graph), std::move(key));
+  }
+
+  // Makes `graph` (captured with keep_graph into graph_'s pool, for `key`) the replayed one and
+  // replays it on `stream`.
+  Status Install(StreamHandle stream, std::unique_ptr<at::cuda::CUDAGraph> graph, GraphKey key) {
     cudaGraphExecUpdateResultInfo result{};
     if (cudaGraphExecUpdate(graph_->raw_cuda_graph_exec(), graph->raw_cuda_graph(), &result) == cudaSuccess) {
       cuda_graph_updates.fetch_add(1, std::memory_order_relaxed);
@@ -628,6 +684,12 @@ class AotiEngine final : public Engine {
   GraphKey seen_key_;                           // the binding of the last run
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  // captured for graph_key_
   GraphKey graph_key_;
+  struct PreparedGraph {
+    std::unique_ptr<at::cuda::CUDAGraph> graph;  // captured with keep_graph into graph_'s pool
+    GraphKey key;
+    std::vector<std::vector<int64_t>> shapes;  // every slot's, as the capture's run left them
+  };
+  std::optional<PreparedGraph> prepared_;  // captured ahead (Prepare)
 #endif
 };
 
@@ -638,6 +700,8 @@ const bool registered = RegisterEngineFactory(blob::EngineKind::kAoti, CreateAot
 uint64_t CudaGraphReplays() { return cuda_graph_replays.load(std::memory_order_relaxed); }
 
 uint64_t CudaGraphUpdates() { return cuda_graph_updates.load(std::memory_order_relaxed); }
+
+uint64_t CudaGraphsCapturedAhead() { return cuda_graphs_captured_ahead.load(std::memory_order_relaxed); }
 
 Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,
                         std::unique_ptr<Engine>* engine) {

@@ -24,8 +24,12 @@
 // the second consecutive run with the same binding (every bound address and capacity, every input
 // shape, the stream) is captured with at::cuda::CUDAGraph, its intermediates in the graph's private pool, and
 // replayed while the binding stays; a new binding (a runtime-owned cache that grew, another step
-// width) runs once as it is and is captured at its next run. A capture that fails turns graphs off
-// for the engine, with a message on stderr, and the run goes on uncaptured.
+// width) runs once as it is and is captured at its next run. A binding that differs from the
+// replayed one only in where the caches are and their capacity (a growth) is captured at once, and
+// the executable graph updated in place from that capture; Prepare, given that binding ahead (the
+// caches' reserves), captures it then, so that the growth step only updates and replays. A capture
+// that fails turns graphs off for the engine, with a message on stderr, and the run goes on
+// uncaptured.
 //
 // Aliased I/O: a cache the model mutates is an input AOTInductor writes in place (an in-place
 // index_copy_ compiles to a kernel that stores into the input's buffer). The engine wraps every
@@ -52,6 +56,10 @@ uint64_t CudaGraphReplays();
 // Of those graphs, the ones made by updating an executable graph in place for a binding that moved
 // (a runtime-owned cache grew) instead of instantiating a new one.
 uint64_t CudaGraphUpdates();
+
+// Graphs for a binding that moved (updated in place or instantiated) whose capture was made ahead,
+// by Prepare, rather than in the step that switched to the binding.
+uint64_t CudaGraphsCapturedAhead();
 
 // Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package) and its
 // constants from `named_data`.

@@ -48,6 +48,10 @@ class TestEngine final : public Engine {
     if (on_enqueue) return on_enqueue(*this);
     return Status::Ok();
   }
+  Status Prepare(StreamHandle stream) override {
+    prepared.push_back({bound, input_shapes, stream});
+    return Status::Ok();
+  }
   Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
     auto found = output_shapes.find(name);
     if (found == output_shapes.end()) {
@@ -58,6 +62,12 @@ class TestEngine final : public Engine {
   }
 
   // What the runtime did, for the test to inspect.
+  struct Preparation {
+    std::map<std::string, Bound> bound;
+    std::map<std::string, std::vector<int64_t>> input_shapes;
+    StreamHandle stream = nullptr;
+  };
+  std::vector<Preparation> prepared;  // the binding of each Prepare
   std::map<std::string, Bound> bound;
   std::map<std::string, std::vector<int64_t>> input_shapes;
   int enqueue_count = 0;

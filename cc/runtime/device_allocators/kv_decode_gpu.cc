@@ -152,6 +152,7 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
   zerokv_kv_sequence_select(nullptr);
   const uint64_t replays_before = zerokv::engines::CudaGraphReplays();
   const uint64_t updates_before = zerokv::engines::CudaGraphUpdates();
+  const uint64_t ahead_before = zerokv::engines::CudaGraphsCapturedAhead();
   cudaStream_t stream = nullptr;
   CUDA_OK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   double min_cosine = 1, max_error = 0;
@@ -182,23 +183,28 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
   CHECK(metrics.growths > 0, "the caches never grew: the check would not cover growth");
   // Graphs or not, the logits above are eager's; this says which the steps were. With graphs, only
   // the first decode step runs uncaptured (the prefill's one run is another engine's), or the first
-  // two when the first grew the caches: a step that grows them is captured at once and updates the
-  // executable graph in place.
+  // two when the first grew the caches: a step that grows them updates the executable graph in
+  // place, from a capture made ahead once every cache held its reserve (all but the first growth,
+  // which comes before any graph).
   const uint64_t replays = zerokv::engines::CudaGraphReplays() - replays_before;
   const uint64_t updates = zerokv::engines::CudaGraphUpdates() - updates_before;
+  const uint64_t ahead = zerokv::engines::CudaGraphsCapturedAhead() - ahead_before;
   const bool graphs = program == "kv_decode_graph";
-  CHECK(graphs ? replays + 2 >= static_cast<uint64_t>(steps) && updates + 1 >= growing_steps.size() && updates > 0
-               : replays == 0 && updates == 0,
-        "%s: %llu CUDA graph replays of %lld decode steps, %llu graph updates for %zu steps that grew the caches",
+  CHECK(graphs ? replays + 2 >= static_cast<uint64_t>(steps) && updates + 1 >= growing_steps.size() &&
+                     ahead + 1 >= growing_steps.size() && updates > 0
+               : replays == 0 && updates == 0 && ahead == 0,
+        "%s: %llu CUDA graph replays of %lld decode steps, %llu graph updates (%llu captured ahead) for %zu "
+        "steps that grew the caches",
         program.c_str(), static_cast<unsigned long long>(replays), static_cast<long long>(steps),
-        static_cast<unsigned long long>(updates), growing_steps.size());
+        static_cast<unsigned long long>(updates), static_cast<unsigned long long>(ahead), growing_steps.size());
   std::printf("%s %s %s: prefill %lld + %lld decode steps, min cosine %.7f, max error %.2e (of the largest logit), "
-              "capacity %llu, %llu growths (all layers) moved %llu bytes, %llu graph replays, %llu graph updates, %d failures\n",
+              "capacity %llu, %llu growths (all layers) moved %llu bytes, %llu graph replays, %llu graph updates (%llu captured ahead), %d failures\n",
               program.c_str(), caller_stream ? "caller-stream" : "own-stream", failures == 0 ? "PASS" : "FAIL",
               static_cast<long long>(prompt), static_cast<long long>(steps), min_cosine, max_error,
               static_cast<unsigned long long>(metrics.capacity / layers),
               static_cast<unsigned long long>(metrics.growths), static_cast<unsigned long long>(metrics.bytes_moved),
-              static_cast<unsigned long long>(replays), static_cast<unsigned long long>(updates), failures);
+              static_cast<unsigned long long>(replays), static_cast<unsigned long long>(updates),
+              static_cast<unsigned long long>(ahead), failures);
   if (!growing_steps.empty() && !plain_steps.empty()) {
     std::printf("decode step: median %.3f ms without a growth (%zu steps), %.3f ms with one (%zu steps)\n",
                 Median(plain_steps), plain_steps.size(), Median(growing_steps), growing_steps.size());
