@@ -9,8 +9,8 @@
 //   zerokv_runtime_owned   DIR/runtime_owned: decodes from position 0 through the last POSITION
 //                          plus STEPS, every step timed; a row per POSITION over the STEPS steps
 //                          from it; `..._all` over every step, `..._growth` over the steps whose
-//                          caches grew and `..._after_growth` over the steps that followed them (p99
-//                          column: the slowest);
+//                          caches grew, `..._after_growth` over the steps that followed them and
+//                          `..._without_growth` over every other step (p99 column: the slowest);
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
@@ -151,7 +151,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   ZeroKVSequence* caches = zerokv_kv_implicit_sequence();
   if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
   const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
-  std::vector<double> times, growth, after_growth;
+  std::vector<double> times, growth, after_growth, without_growth;
   bool previous_grew = false;
   ZeroKVCacheMetrics metrics{};
   for (int64_t position = 0; position < end; ++position) {
@@ -160,7 +160,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
     if (previous_grew) after_growth.push_back(times.back());
     zerokv_kv_sequence_metrics(caches, &metrics);
     previous_grew = metrics.growths > growths;
-    if (previous_grew) growth.push_back(times.back());
+    (previous_grew ? growth : without_growth).push_back(times.back());
   }
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
@@ -169,6 +169,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   Row("zerokv_runtime_owned_all", 0, times);
   Spread("zerokv_runtime_owned_growth", growth);
   Spread("zerokv_runtime_owned_after_growth", after_growth);
+  Spread("zerokv_runtime_owned_without_growth", without_growth);
 }
 
 void Static(const std::string& dir, const std::string& program, const std::string& variant, const Reference* reference,

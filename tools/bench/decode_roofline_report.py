@@ -68,7 +68,8 @@ def table(model, rows):
         lines.append(f"- zerokv runtime-owned, every step from position 0: {steps} steps, median {median:.3f}, "
                      f"p99 {p99:.3f}")
     for variant, steps in (("zerokv_runtime_owned_growth", "steps that grew the caches"),
-                           ("zerokv_runtime_owned_after_growth", "steps right after a growth")):
+                           ("zerokv_runtime_owned_after_growth", "steps right after a growth"),
+                           ("zerokv_runtime_owned_without_growth", "steps that did not grow them")):
         if variant in rows:
             median, slowest, count = rows[variant][0]
             lines.append(f"- zerokv runtime-owned, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")

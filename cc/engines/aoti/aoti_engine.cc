@@ -258,9 +258,10 @@ class AotiEngine final : public Engine {
     return Run(stream);
   }
 
-  Status Prepare(StreamHandle stream) override {
+  Status Prepare(StreamHandle stream, bool* ready) override {
+    *ready = true;
 #ifdef ZEROKV_WITH_TORCH_CUDA
-    if (cuda_graph_) return PrepareGraph(stream);
+    if (cuda_graph_) return PrepareGraph(stream, ready);
 #endif
     (void)stream;
     return Status::Ok();
@@ -370,10 +371,14 @@ class AotiEngine final : public Engine {
     if (graph_ && prepared_ && prepared_->key == key) {
       seen_key_ = key;
       for (size_t i = 0; i < slots_.size(); ++i) slots_[i].shape = prepared_->shapes[i];
-      std::unique_ptr<at::cuda::CUDAGraph> graph = std::move(prepared_->graph);
+      PreparedGraph prepared = std::move(*prepared_);
       prepared_.reset();
       cuda_graphs_captured_ahead.fetch_add(1, std::memory_order_relaxed);
-      return Install(stream, std::move(graph), std::move(key));
+      if (!prepared.instantiated) return Install(stream, std::move(prepared.graph), std::move(key));
+      // An executable graph still in flight is freed when it completes.
+      graph_ = std::move(prepared.graph);
+      graph_key_ = std::move(key);
+      return Replay();
     }
     prepared_.reset();
     if (graph_ && OnlyCachesMoved(graph_key_, key)) {
@@ -393,10 +398,20 @@ class AotiEngine final : public Engine {
   // the replayed graph's memory pool (the two are never replayed at once). The capture's run sets
   // the slots' shapes for its binding (an aliased output's, an output's that follows the caches);
   // they are kept for the switch, and the slots restored, so that the runs until then report theirs.
-  Status PrepareGraph(StreamHandle stream) {
+  // Capturing and instantiating each cost the host about a step's time: the first call captures,
+  // the next instantiates. A switch before then updates the replayed graph from the capture.
+  Status PrepareGraph(StreamHandle stream, bool* ready) {
     GraphKey key = CurrentKey(stream);
-    if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key) ||
-        (prepared_ && prepared_->key == key)) {
+    if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key)) return Status::Ok();
+    if (prepared_ && prepared_->key == key) {
+      if (prepared_->instantiated) return Status::Ok();
+      try {
+        prepared_->graph->instantiate();
+      } catch (const std::exception& error) {
+        prepared_.reset();  // the switch captures again, and updates the replayed graph from that
+        return Internal(std::string("instantiating a CUDA graph captured ahead failed: ") + error.what());
+      }
+      prepared_->instantiated = true;
       return Status::Ok();
     }
     prepared_.reset();
@@ -411,7 +426,8 @@ class AotiEngine final : public Engine {
       graph_.reset();
       return captured;
     }
-    prepared_ = PreparedGraph{std::move(graph), std::move(key), std::move(shapes)};
+    prepared_ = PreparedGraph{std::move(graph), std::move(key), std::move(shapes), /*instantiated=*/false};
+    *ready = false;
     return Status::Ok();
   }
 
@@ -688,6 +704,7 @@ class AotiEngine final : public Engine {
     std::unique_ptr<at::cuda::CUDAGraph> graph;  // captured with keep_graph into graph_'s pool
     GraphKey key;
     std::vector<std::vector<int64_t>> shapes;  // every slot's, as the capture's run left them
+    bool instantiated = false;  // else the switch updates graph_ from it
   };
   std::optional<PreparedGraph> prepared_;  // captured ahead (Prepare)
 #endif
