@@ -412,6 +412,15 @@ class AotiEngine final : public Engine {
         return Internal(std::string("instantiating a CUDA graph captured ahead failed: ") + error.what());
       }
       prepared_->instantiated = true;
+      // A new executable graph is uploaded to the device at its first launch, which would be the
+      // growth step's: uploaded now instead, after this step's work on the stream.
+      const cudaError_t uploaded = cudaGraphUpload(prepared_->graph->raw_cuda_graph_exec(),
+                                                   static_cast<cudaStream_t>(stream));
+      if (uploaded != cudaSuccess) {
+        cudaGetLastError();  // the launch uploads it then
+        return Internal(std::string("uploading a CUDA graph captured ahead failed: ") +
+                        cudaGetErrorString(uploaded));
+      }
       return Status::Ok();
     }
     prepared_.reset();
