@@ -74,14 +74,11 @@ class Engine {
 
   // Readies the engine for the shapes and addresses bound since the last Enqueue, without running
   // anything, for a later Enqueue that binds the same: an engine whose first run of a binding
-  // costs the host time (capturing a CUDA graph, instantiating it) spends it now, so that the step
-  // that switches to that binding does not. The work may be spread over several calls with the
-  // same binding, so that no one call costs much; `ready` says when none is left. Nothing reads or
-  // writes the bound addresses here. It binds nothing for the next Enqueue, whose caller sets
-  // every binding again. By default there is nothing to ready.
-  virtual Status Prepare(StreamHandle stream, bool* ready) {
+  // costs the host time (capturing a CUDA graph) spends it now, so that the step that switches to
+  // that binding does not. Nothing reads or writes the bound addresses here. It binds nothing for
+  // the next Enqueue, whose caller sets every binding again. By default there is nothing to ready.
+  virtual Status Prepare(StreamHandle stream) {
     (void)stream;
-    *ready = true;
     return Status::Ok();
   }
 

@@ -657,11 +657,11 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
 }
 
 // Switching to new storage costs an engine that replays CUDA graphs a capture (the host launches
-// every kernel of the step into it) and an instantiation, which would make the growth step the
-// slowest of all. Once the caches hold their reserves, the engine does that work here, a piece per
-// step, where the host's time overlaps the run's device work; the growth step then only copies
-// rows and replays. Readied once per set of reserves. A failure costs only that: the step's run
-// succeeded, and the growth captures as it would have without this.
+// every kernel of the step into it), which would make the growth step the slowest of all. Once the
+// caches hold their reserves, the engine captures for them here, where the host's time overlaps
+// this run's device work; the growth step then only copies rows and replays. Readied once per set
+// of reserves. A failure costs only that: the step's run succeeded, and the growth captures as it
+// would have without this.
 void Delegate::PrepareEngineForGrowth(StreamHandle stream) {
   std::vector<std::optional<kvcache::CacheStorage>> reserves(caches_.size());
   std::vector<std::pair<void*, int64_t>> prepared_for;  // each reserve's K and capacity
@@ -672,24 +672,19 @@ void Delegate::PrepareEngineForGrowth(StreamHandle stream) {
     reserves[layer] = std::move(reserve);
   }
   if (prepared_for.empty() || prepared_for == engine_prepared_for_) return;
-  Status bound = Status::Ok();
+  engine_prepared_for_ = std::move(prepared_for);
   for (const Binding& binding : bindings_) {
     const Binding& input = binding.aliased_input ? bindings_[*binding.aliased_input] : binding;
     if (!input.layer || !reserves[*input.layer]) continue;
     const kvcache::CacheStorage& reserve = *reserves[*input.layer];
-    if (binding.spec.direction == blob::Direction::kInput) {
-      bound = engine_->SetInputShape(binding.spec.name, reserve.shape);
+    if (binding.spec.direction == blob::Direction::kInput &&
+        !engine_->SetInputShape(binding.spec.name, reserve.shape).ok()) {
+      return;
     }
-    if (bound.ok()) {
-      bound = engine_->SetAddress(binding.spec.name, input.cache_value ? reserve.v : reserve.k,
-                                  reserve.bytes_per_tensor);
-    }
-    if (!bound.ok()) break;
+    void* data = input.cache_value ? reserve.v : reserve.k;
+    if (!engine_->SetAddress(binding.spec.name, data, reserve.bytes_per_tensor).ok()) return;
   }
-  bool ready = false;
-  if (!bound.ok() || !engine_->Prepare(stream, &ready).ok() || ready) {
-    engine_prepared_for_ = std::move(prepared_for);  // done, or given up on: not tried again
-  }
+  (void)engine_->Prepare(stream);
 }
 
 }  // namespace zerokv::runtime

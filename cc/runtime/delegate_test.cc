@@ -885,16 +885,14 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedOneCachePerStepSoTheGrowthStepsAllocateNot
   }
 }
 
-// Once every layer holds its reserve, the engine is readied (Prepare, over as many steps as it asks
-// for: two here) for exactly the binding the growth step then has: every cache input and its
-// aliased output at the reserve, at the grown shape, on the step's stream. The steps in between
-// still run on the old storage.
+// Once every layer holds its reserve, the engine is readied once (Prepare) for exactly the binding
+// the growth step then has: every cache input and its aliased output at the reserve, at the grown
+// shape, on the step's stream. The steps in between still run on the old storage.
 TEST_F(RuntimeKvTest, TheEngineIsReadiedAheadForTheBindingOfEachGrowth) {
   const std::string key = "delegate_test.readied";
   constexpr size_t kLayers = 4;
   blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
   ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
-  engine_->calls_per_preparation = 2;
   std::vector<std::string> caches = {"k", "v"};
   for (size_t i = 1; i < kLayers; ++i) {
     caches.push_back("k." + std::to_string(i));
@@ -918,24 +916,21 @@ TEST_F(RuntimeKvTest, TheEngineIsReadiedAheadForTheBindingOfEachGrowth) {
     EXPECT_EQ(run.input_shapes["k"][2], static_cast<int64_t>(first->metrics().capacity)) << position;
     if (first->metrics().capacity == capacity) continue;
     ++growths;
-    // The growth step ran on what the last two Prepares were given, before this step.
-    EXPECT_EQ(preparations, 2 * growths) << position;
-    ASSERT_GE(engine_->prepared.size(), 2 * growths);
-    for (size_t call = 2 * growths - 2; call < 2 * growths; ++call) {
-      const TestEngine::Preparation& readied = engine_->prepared[call];
-      EXPECT_EQ(readied.stream, run.stream) << position;
-      for (const std::string& name : caches) {
-        for (const std::string& bound : {name, name + "_out"}) {
-          EXPECT_EQ(readied.bound.at(bound).data, run.bound[bound].data) << position << " " << bound;
-          EXPECT_EQ(readied.bound.at(bound).capacity, run.bound[bound].capacity) << position << " " << bound;
-        }
-        EXPECT_EQ(readied.input_shapes.at(name), run.input_shapes[name]) << position << " " << name;
+    // The growth step ran on what the last Prepare was given, and it was given before this step.
+    EXPECT_EQ(preparations, growths) << position;
+    ASSERT_GE(engine_->prepared.size(), growths);
+    const TestEngine::Preparation& readied = engine_->prepared[growths - 1];
+    EXPECT_EQ(readied.stream, run.stream) << position;
+    for (const std::string& name : caches) {
+      for (const std::string& bound : {name, name + "_out"}) {
+        EXPECT_EQ(readied.bound.at(bound).data, run.bound[bound].data) << position << " " << bound;
+        EXPECT_EQ(readied.bound.at(bound).capacity, run.bound[bound].capacity) << position << " " << bound;
       }
+      EXPECT_EQ(readied.input_shapes.at(name), run.input_shapes[name]) << position << " " << name;
     }
   }
-  EXPECT_EQ(growths, 3u);  // 8 -> 16 -> 32 -> 64
-  // Until ready for each growth, and never at the max (no reserve).
-  EXPECT_EQ(engine_->prepared.size(), 2 * growths);
+  EXPECT_EQ(growths, 3u);                       // 8 -> 16 -> 32 -> 64
+  EXPECT_EQ(engine_->prepared.size(), growths);  // once each, and never at the max (no reserve)
 }
 
 // A ring layer's write slots are the runtime's too: (position + t) mod window, in the slots

@@ -258,10 +258,9 @@ class AotiEngine final : public Engine {
     return Run(stream);
   }
 
-  Status Prepare(StreamHandle stream, bool* ready) override {
-    *ready = true;
+  Status Prepare(StreamHandle stream) override {
 #ifdef ZEROKV_WITH_TORCH_CUDA
-    if (cuda_graph_) return PrepareGraph(stream, ready);
+    if (cuda_graph_) return PrepareGraph(stream);
 #endif
     (void)stream;
     return Status::Ok();
@@ -371,14 +370,10 @@ class AotiEngine final : public Engine {
     if (graph_ && prepared_ && prepared_->key == key) {
       seen_key_ = key;
       for (size_t i = 0; i < slots_.size(); ++i) slots_[i].shape = prepared_->shapes[i];
-      PreparedGraph prepared = std::move(*prepared_);
+      std::unique_ptr<at::cuda::CUDAGraph> graph = std::move(prepared_->graph);
       prepared_.reset();
       cuda_graphs_captured_ahead.fetch_add(1, std::memory_order_relaxed);
-      if (!prepared.instantiated) return Install(stream, std::move(prepared.graph), std::move(key));
-      // An executable graph still in flight is freed when it completes.
-      graph_ = std::move(prepared.graph);
-      graph_key_ = std::move(key);
-      return Replay();
+      return Install(stream, std::move(graph), std::move(key));
     }
     prepared_.reset();
     if (graph_ && OnlyCachesMoved(graph_key_, key)) {
@@ -398,29 +393,10 @@ class AotiEngine final : public Engine {
   // the replayed graph's memory pool (the two are never replayed at once). The capture's run sets
   // the slots' shapes for its binding (an aliased output's, an output's that follows the caches);
   // they are kept for the switch, and the slots restored, so that the runs until then report theirs.
-  // Capturing and instantiating each cost the host about a step's time: the first call captures,
-  // the next instantiates. A switch before then updates the replayed graph from the capture.
-  Status PrepareGraph(StreamHandle stream, bool* ready) {
+  Status PrepareGraph(StreamHandle stream) {
     GraphKey key = CurrentKey(stream);
-    if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key)) return Status::Ok();
-    if (prepared_ && prepared_->key == key) {
-      if (prepared_->instantiated) return Status::Ok();
-      try {
-        prepared_->graph->instantiate();
-      } catch (const std::exception& error) {
-        prepared_.reset();  // the switch captures again, and updates the replayed graph from that
-        return Internal(std::string("instantiating a CUDA graph captured ahead failed: ") + error.what());
-      }
-      prepared_->instantiated = true;
-      // A new executable graph is uploaded to the device at its first launch, which would be the
-      // growth step's: uploaded now instead, after this step's work on the stream.
-      const cudaError_t uploaded = cudaGraphUpload(prepared_->graph->raw_cuda_graph_exec(),
-                                                   static_cast<cudaStream_t>(stream));
-      if (uploaded != cudaSuccess) {
-        cudaGetLastError();  // the launch uploads it then
-        return Internal(std::string("uploading a CUDA graph captured ahead failed: ") +
-                        cudaGetErrorString(uploaded));
-      }
+    if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key) ||
+        (prepared_ && prepared_->key == key)) {
       return Status::Ok();
     }
     prepared_.reset();
@@ -435,8 +411,7 @@ class AotiEngine final : public Engine {
       graph_.reset();
       return captured;
     }
-    prepared_ = PreparedGraph{std::move(graph), std::move(key), std::move(shapes), /*instantiated=*/false};
-    *ready = false;
+    prepared_ = PreparedGraph{std::move(graph), std::move(key), std::move(shapes)};
     return Status::Ok();
   }
 
@@ -713,7 +688,6 @@ class AotiEngine final : public Engine {
     std::unique_ptr<at::cuda::CUDAGraph> graph;  // captured with keep_graph into graph_'s pool
     GraphKey key;
     std::vector<std::vector<int64_t>> shapes;  // every slot's, as the capture's run left them
-    bool instantiated = false;  // else the switch updates graph_ from it
   };
   std::optional<PreparedGraph> prepared_;  // captured ahead (Prepare)
 #endif

@@ -27,8 +27,7 @@
 // width) runs once as it is and is captured at its next run. A binding that differs from the
 // replayed one only in where the caches are and their capacity (a growth) is captured at once, and
 // the executable graph updated in place from that capture; Prepare, given that binding ahead (the
-// caches' reserves), captures it then and instantiates it at its next call, so that the growth step
-// only replays (or updates, when it comes between the two). A capture
+// caches' reserves), captures it then, so that the growth step only updates and replays. A capture
 // that fails turns graphs off for the engine, with a message on stderr, and the run goes on
 // uncaptured.
 //
@@ -58,9 +57,8 @@ uint64_t CudaGraphReplays();
 // (a runtime-owned cache grew) instead of instantiating a new one.
 uint64_t CudaGraphUpdates();
 
-// Graphs for a binding that moved whose capture was made ahead, by Prepare, rather than in the step
-// that switched to the binding: instantiated ahead too, or updated into the replayed graph (then
-// counted in CudaGraphUpdates as well).
+// Graphs for a binding that moved (updated in place or instantiated) whose capture was made ahead,
+// by Prepare, rather than in the step that switched to the binding.
 uint64_t CudaGraphsCapturedAhead();
 
 // Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package) and its

@@ -48,10 +48,8 @@ class TestEngine final : public Engine {
     if (on_enqueue) return on_enqueue(*this);
     return Status::Ok();
   }
-  Status Prepare(StreamHandle stream, bool* ready) override {
+  Status Prepare(StreamHandle stream) override {
     prepared.push_back({bound, input_shapes, stream});
-    *ready = ++preparing_calls_ >= calls_per_preparation;
-    if (*ready) preparing_calls_ = 0;
     return Status::Ok();
   }
   Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
@@ -69,7 +67,7 @@ class TestEngine final : public Engine {
     std::map<std::string, std::vector<int64_t>> input_shapes;
     StreamHandle stream = nullptr;
   };
-  std::vector<Preparation> prepared;  // the binding of each Prepare call
+  std::vector<Preparation> prepared;  // the binding of each Prepare
   std::map<std::string, Bound> bound;
   std::map<std::string, std::vector<int64_t>> input_shapes;
   int enqueue_count = 0;
@@ -78,13 +76,11 @@ class TestEngine final : public Engine {
   // What the test scripts.
   std::map<std::string, std::vector<int64_t>> output_shapes;
   std::function<Status(TestEngine&)> on_enqueue;
-  int calls_per_preparation = 1;  // Prepare calls until it says ready
 
  private:
   std::vector<EngineBinding> bindings_;
   std::map<std::string, std::string> aliases_;
   ComputeDevice device_;
-  int preparing_calls_ = 0;
 };
 
 }  // namespace zerokv::engines
