@@ -659,9 +659,9 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
 // Switching to new storage costs an engine that replays CUDA graphs a capture (the host launches
 // every kernel of the step into it), which would make the growth step the slowest of all. Once the
 // caches hold their reserves, the engine captures for them here, where the host's time overlaps
-// this run's device work; the growth step then only copies rows and replays. Readied once per set
-// of reserves. A failure costs only that: the step's run succeeded, and the growth captures as it
-// would have without this.
+// this run's device work; the growth step then only copies rows, updates the engine's executable
+// graph from that capture and replays it. Readied once per set of reserves. A failure costs only
+// that: the step's run succeeded, and the growth captures as it would have without this.
 void Delegate::PrepareEngineForGrowth(StreamHandle stream) {
   std::vector<std::optional<kvcache::CacheStorage>> reserves(caches_.size());
   std::vector<std::pair<void*, int64_t>> prepared_for;  // each reserve's K and capacity
