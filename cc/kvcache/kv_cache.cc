@@ -143,28 +143,25 @@ Status KVCache::Prepare(StreamHandle stream) {
 }
 
 // Takes the reserve when it has exactly `capacity` (else allocates and zeroes K and V there),
-// copies the old contents into their first positions (one pitched copy: a row per (batch, head)),
-// and only then swaps them in and frees the old storage on the same stream. Any failure before the
+// copies the old contents into their first positions (those the reserve does not hold yet), and
+// only then swaps them in and frees the old storage on the same stream. Any failure before the
 // swap releases the new storage instead (the reserve too: the copy may have written into it).
 Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
   void* grown[2] = {nullptr, nullptr};
+  uint64_t carried = 0;  // positions the new storage holds already
   if (reserve_capacity_ == capacity) {
     std::swap(grown, reserve_);
+    carried = reserve_rows_;
     reserve_capacity_ = 0;
+    reserve_rows_ = 0;
   } else {
     // A reserve of another capacity would only be held for a later growth that never comes: the
     // capacities double from this one on.
     if (reserve_capacity_ != 0) ZEROKV_RETURN_IF_ERROR(ReleaseReserve(stream));
     ZEROKV_RETURN_IF_ERROR(AllocateZeroed(capacity, stream, "growing a KV cache to", grown));
   }
-  const size_t rows = static_cast<size_t>(config_.batch * config_.heads);
   void* const old[2] = {k_, v_};
-  Status status = Status::Ok();
-  for (int i = 0; i < 2 && status.ok(); ++i) {
-    if (old[i] == nullptr) continue;
-    status = ops_->Copy2D(grown[i], row_bytes(capacity), old[i], row_bytes(capacity_),
-                          row_bytes(capacity_), rows, CopyKind::kDeviceToDevice, stream);
-  }
+  Status status = CopyPositions(grown, capacity, old, capacity_, carried, capacity_, stream);
   if (!status.ok()) {
     for (void* storage : grown) (void)ops_->FreeAsync(storage, stream);
     return status;
@@ -206,6 +203,22 @@ Status KVCache::AllocateZeroed(uint64_t capacity, StreamHandle stream, const std
   return status;
 }
 
+Status KVCache::CopyPositions(void* const (&to)[2], uint64_t to_capacity, void* const (&from)[2],
+                              uint64_t from_capacity, uint64_t first, uint64_t end,
+                              StreamHandle stream) {
+  if (end <= first) return Status::Ok();
+  const size_t rows = static_cast<size_t>(config_.batch * config_.heads);
+  const size_t offset = row_bytes(first);
+  for (int i = 0; i < 2; ++i) {
+    if (from[i] == nullptr) continue;
+    ZEROKV_RETURN_IF_ERROR(ops_->Copy2D(static_cast<char*>(to[i]) + offset, row_bytes(to_capacity),
+                                        static_cast<const char*>(from[i]) + offset,
+                                        row_bytes(from_capacity), row_bytes(end - first), rows,
+                                        CopyKind::kDeviceToDevice, stream));
+  }
+  return Status::Ok();
+}
+
 Status KVCache::ReleaseReserve(StreamHandle stream) {
   Status status = Status::Ok();
   for (void*& storage : reserve_) {
@@ -214,6 +227,7 @@ Status KVCache::ReleaseReserve(StreamHandle stream) {
     storage = nullptr;
   }
   reserve_capacity_ = 0;
+  reserve_rows_ = 0;
   return status;
 }
 
@@ -232,6 +246,16 @@ Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* pre
   ZEROKV_RETURN_IF_ERROR(
       AllocateZeroed(next, stream, "preparing a KV cache's growth to", reserve_));
   reserve_capacity_ = next;
+  // Committed positions are never written again: they are carried into the reserve now, so that
+  // the growth copies only the positions committed since (the reserve is taken within `lookahead`).
+  void* const current[2] = {k_, v_};
+  Status carried = CopyPositions(reserve_, next, current, capacity_, 0, length_, stream);
+  if (!carried.ok()) {
+    (void)ReleaseReserve(stream);
+    return Status(carried.code(), "carrying a KV cache's committed positions into its prepared growth: " +
+                                      carried.message());
+  }
+  reserve_rows_ = length_;
   *prepared = true;
   return Status::Ok();
 }
@@ -268,6 +292,7 @@ void KVCache::EndReset(bool reset) {
     length_ = 0;
     position_ = 0;
     zero_pending_ = k_ != nullptr;
+    reserve_rows_ = 0;  // what it carried is forgotten: the growth copies every position over it
   }
   held_ = false;
 }

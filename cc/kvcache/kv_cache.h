@@ -26,11 +26,12 @@
 // A growth may be prepared ahead, because allocating fresh device memory costs the host time
 // (cudaMallocAsync: about 75 us per 64 MiB on an H200) and a model's layers all grow in the same
 // step: PrepareGrowth, within `lookahead` positions of the capacity, allocates and zeroes the next
-// capacity's storage (the doubling a one-token growth plans, capped at max_capacity) and keeps it
-// aside as a reserve; the growth to exactly that capacity then only copies the old rows into it.
-// A growth to another capacity (a wide step jumping further) releases the reserve and allocates as
-// usual. The reserve counts in bytes_reserved, survives a reset (nothing writes it, so it stays
-// zero) and is released with the cache. Its cost is memory: from its reservation to the growth a
+// capacity's storage (the doubling a one-token growth plans, capped at max_capacity), copies the
+// committed positions into it (they are never written again) and keeps it aside as a reserve; the
+// growth to exactly that capacity then only copies the positions committed since. A growth to
+// another capacity (a wide step jumping further) releases the reserve and allocates as usual. The
+// reserve counts in bytes_reserved, survives a reset (the growth then copies every position over
+// what it carried) and is released with the cache. Its cost is memory: from its reservation to the growth a
 // cache holds its next capacity besides its current one. A caller spreads the reserves of its
 // caches over several steps so that no step pays for every layer's next capacity at once (the
 // delegate: one per step).
@@ -146,9 +147,10 @@ class KVCache {
   // Prepares the growth ahead, within a held step before its MarkUsed, on the step's `stream`
   // (refused outside a step): for an allocated flat cache below max_capacity without a reserve,
   // whose committed length (the held step not counted) + `lookahead` exceeds its capacity,
-  // allocates and zeroes the next capacity's K and V and keeps them as the reserve. `prepared` says
-  // whether it allocated. Changes nothing a step binds (k, v, shape, capacity). On failure it holds
-  // nothing new, and the growth allocates when it comes, as without a reserve.
+  // allocates and zeroes the next capacity's K and V, copies the committed positions into them and
+  // keeps them as the reserve. `prepared` says whether it allocated. Changes nothing a step binds
+  // (k, v, shape, capacity). On failure it holds nothing new, and the growth allocates when it
+  // comes, as without a reserve.
   Status PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared);
 
   // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
@@ -191,6 +193,10 @@ class KVCache {
   // releases what it allocated. `why` begins the error message.
   Status AllocateZeroed(uint64_t capacity, StreamHandle stream, const std::string& why,
                         void* (&storage)[2]);
+  // Copies positions [first, end) of every (batch, head) row of K and V in `from` (rows of
+  // `from_capacity` positions; nullptr: nothing) into `to` (rows of `to_capacity`), on `stream`.
+  Status CopyPositions(void* const (&to)[2], uint64_t to_capacity, void* const (&from)[2],
+                       uint64_t from_capacity, uint64_t first, uint64_t end, StreamHandle stream);
   // Releases the reserve on `stream`.
   Status ReleaseReserve(StreamHandle stream);
 
@@ -202,6 +208,7 @@ class KVCache {
   uint64_t capacity_ = 0;
   void* reserve_[2] = {nullptr, nullptr};  // K and V, zeroed, for the growth to reserve_capacity_
   uint64_t reserve_capacity_ = 0;          // 0: no reserve
+  uint64_t reserve_rows_ = 0;              // positions [0, reserve_rows_) carried into it already
   uint64_t length_ = 0;
   uint64_t position_ = 0;
   bool held_ = false;         // a step or a reset is between its Begin and End

@@ -362,9 +362,16 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   EXPECT_FALSE(cache->Reserve(&reserve));
 
   bool prepared = false;
+  size_t copies = record_.copies.size();
   StepPreparingGrowth(*cache, 1, /*lookahead=*/3, stream, &prepared);  // 2 committed + 3 > 4
   EXPECT_TRUE(prepared);
-  ASSERT_TRUE(cache->Reserve(&reserve));  // what an engine can be readied for, before the growth
+  // The 2 committed positions of K and V are carried into the reserve now.
+  ASSERT_EQ(record_.copies.size(), copies + 2);
+  for (size_t copy = copies; copy < copies + 2; ++copy) {
+    EXPECT_EQ(record_.copies[copy].bytes, 2 * position_bytes) << copy;
+  }
+  ASSERT_TRUE(cache->Reserve(&reserve));
+  EXPECT_EQ(static_cast<const float*>(reserve.k)[4], 2.0f);  // row 0, position 1  // what an engine can be readied for, before the growth
   EXPECT_NE(reserve.k, nullptr);
   EXPECT_NE(reserve.v, nullptr);
   EXPECT_NE(reserve.k, k);
@@ -383,14 +390,18 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   EXPECT_FALSE(prepared);
   EXPECT_EQ(record_.async_allocations, allocated + 2);
 
-  // The growth to 8 takes the reserve: the old rows copied in, no allocation, no zeroing.
-  const size_t copies = record_.copies.size();
+  // The growth to 8 takes the reserve: only the positions committed since carried in (2 and 3), no
+  // allocation, no zeroing.
+  copies = record_.copies.size();
   uint64_t position = 0;
   ASSERT_TRUE(cache->BeginStep(1, &position).ok());
   ASSERT_TRUE(cache->Prepare(stream).ok());
   EXPECT_EQ(record_.async_allocations, allocated + 2);
   EXPECT_EQ(record_.zeroings, zeroed + 2);
-  EXPECT_EQ(record_.copies.size(), copies + 2);
+  ASSERT_EQ(record_.copies.size(), copies + 2);
+  for (size_t copy = copies; copy < copies + 2; ++copy) {
+    EXPECT_EQ(record_.copies[copy].bytes, 2 * position_bytes) << copy;
+  }
   EXPECT_EQ(record_.allocations_live, 2);  // the old storage released
   EXPECT_EQ(cache->shape(), reserve.shape);
   EXPECT_EQ(cache->k(), reserve.k);  // the growth binds exactly what Reserve reported
@@ -526,6 +537,31 @@ TEST_F(KVCacheTest, AResetKeepsTheReserveAndDestructionReleasesIt) {
     EXPECT_EQ(record_.allocations_live, 4);
   }
   EXPECT_EQ(record_.allocations_live, 0);
+}
+
+// A reset forgets the positions carried into the reserve: a later growth into it copies every
+// position again, so that what the reset forgot does not come back.
+TEST_F(KVCacheTest, AResetForgetsThePositionsCarriedIntoTheReserve) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 3);
+  bool prepared = false;
+  StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);  // carries positions 0-2
+  ASSERT_TRUE(prepared);
+  ASSERT_TRUE(cache->BeginReset().ok());
+  cache->EndReset(/*reset=*/true);
+  Step(*cache, 1);  // position 0 again
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(4, &position).ok());  // 1 + 4 > 4: grows into the reserve
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  EXPECT_EQ(cache->metrics().capacity, 8u);
+  for (int64_t row = 0; row < 2; ++row) {
+    EXPECT_EQ(At(*cache, cache->k(), row, 0), 1.0f) << row;
+    for (uint64_t at = 1; at < 8; ++at) {
+      EXPECT_EQ(At(*cache, cache->k(), row, at), 0.0f) << row << " " << at;
+      EXPECT_EQ(At(*cache, cache->v(), row, at), 0.0f) << row << " " << at;
+    }
+  }
+  cache->EndStep(/*commit=*/false);
 }
 
 TEST_F(KVCacheTest, ASequenceSharesByKeyAndRefusesAnotherLayout) {
