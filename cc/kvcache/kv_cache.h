@@ -106,7 +106,7 @@ struct KVCacheMetrics {
   uint64_t bytes_reserved = 0;  // storage allocated now, a growth's prepared ahead included
   uint64_t bytes_in_use = 0;    // committed positions
   uint64_t growths = 0;         // reallocations that preserved contents
-  uint64_t bytes_moved = 0;     // old storage those carried over (copied then, or ahead into a reserve)
+  uint64_t bytes_moved = 0;     // bytes of old storage they carried over (at the growth or ahead)
   uint64_t length = 0;          // committed positions held (a ring's stops at its window)
   uint64_t capacity = 0;        // allocated positions (0 before the first step)
   uint64_t position = 0;        // tokens committed since the last reset: the next step's first position
