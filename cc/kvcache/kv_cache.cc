@@ -161,6 +161,8 @@ Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
     ZEROKV_RETURN_IF_ERROR(AllocateZeroed(capacity, stream, "growing a KV cache to", grown));
   }
   void* const old[2] = {k_, v_};
+  // Through the old capacity, not only the committed length: after a reset that forgot what the
+  // reserve carried (carried 0), every position it holds is overwritten.
   Status status = CopyPositions(grown, capacity, old, capacity_, carried, capacity_, stream);
   if (!status.ok()) {
     for (void* storage : grown) (void)ops_->FreeAsync(storage, stream);
@@ -234,7 +236,8 @@ Status KVCache::ReleaseReserve(StreamHandle stream) {
 Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared) {
   std::lock_guard<std::mutex> lock(mutex_);
   *prepared = false;
-  // Outside a step nothing would order the reserve's zeroing before another stream's use of it.
+  // Outside a step nothing would order the reserve's zeroing and filling before another stream's
+  // use of it.
   if (!held_) return base::Internal("KVCache::PrepareGrowth outside a held step");
   if (config_.policy != blob::KVPolicy::kFlat || k_ == nullptr || reserve_capacity_ != 0 ||
       capacity_ == config_.max_capacity || lookahead <= capacity_ - length_) {

@@ -44,7 +44,8 @@
 // Streams: the cache may be used from several streams (the prefill and decode delegates of one
 // program share it). Prepare orders its stream after the cache's last recorded use (an event, no
 // host block); MarkUsed records that use. PrepareGrowth runs inside the held step, on its stream,
-// before its MarkUsed, so that the event orders the reserve's zeroing before any later use too.
+// before its MarkUsed, so that the event orders the reserve's zeroing and filling before any later
+// use too.
 //
 // Thread safety: every method locks the cache. A step (BeginStep .. EndStep) or a reset
 // (BeginReset .. EndReset) holds the cache: another step or reset meanwhile is refused, so two
@@ -174,7 +175,7 @@ class KVCache {
   // Bytes of one of K and V.
   size_t bytes_per_tensor() const;
 
-  // The storage the growth prepared ahead will bind (the reserve, zeroed, at its capacity), so that
+  // The storage the growth prepared ahead will bind (the reserve, at its capacity), so that
   // a caller can ready an engine for it before the growth; false when the cache holds no reserve.
   bool Reserve(CacheStorage* reserve) const;
 
@@ -206,7 +207,7 @@ class KVCache {
   void* k_ = nullptr;
   void* v_ = nullptr;
   uint64_t capacity_ = 0;
-  void* reserve_[2] = {nullptr, nullptr};  // K and V, zeroed, for the growth to reserve_capacity_
+  void* reserve_[2] = {nullptr, nullptr};  // K and V for the growth to reserve_capacity_, zeroed
   uint64_t reserve_capacity_ = 0;          // 0: no reserve
   uint64_t reserve_rows_ = 0;              // positions [0, reserve_rows_) carried into it already
   uint64_t length_ = 0;

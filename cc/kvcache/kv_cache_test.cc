@@ -370,8 +370,8 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   for (size_t copy = copies; copy < copies + 2; ++copy) {
     EXPECT_EQ(record_.copies[copy].bytes, 2 * position_bytes) << copy;
   }
-  ASSERT_TRUE(cache->Reserve(&reserve));
-  EXPECT_EQ(static_cast<const float*>(reserve.k)[4], 2.0f);  // row 0, position 1  // what an engine can be readied for, before the growth
+  ASSERT_TRUE(cache->Reserve(&reserve));  // what an engine can be readied for, before the growth
+  EXPECT_EQ(static_cast<const float*>(reserve.k)[4], 2.0f);  // row 0, position 1: carried
   EXPECT_NE(reserve.k, nullptr);
   EXPECT_NE(reserve.v, nullptr);
   EXPECT_NE(reserve.k, k);

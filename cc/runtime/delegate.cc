@@ -642,7 +642,8 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
   // (caches + 1) x width is the least lookahead that leaves every cache a step of its own before
   // the growth step (whose own reservation comes after its growth). Twice that gives each cache a
   // second chance when a reservation fails for want of memory, or when another delegate's wider
-  // steps over the same caches close in on the capacity faster. It costs only holding the reserves
+  // steps over the same caches close in on the capacity faster, and leaves the step after the last
+  // reservation to ready the engine (PrepareEngineForGrowth). It costs only holding the reserves
   // for a few more steps: the peak (every layer's current and next storage) is the same.
   const uint64_t lookahead = 2 * (caches_.size() + 1) * plan.step;
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
@@ -660,8 +661,9 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
 // every kernel of the step into it), which would make the growth step the slowest of all. Once the
 // caches hold their reserves, the engine captures for them here, where the host's time overlaps
 // this run's device work; the growth step then only copies rows, updates the engine's executable
-// graph from that capture and replays it. Readied once per set of reserves. A failure costs only
-// that: the step's run succeeded, and the growth captures as it would have without this.
+// graph from that capture and replays it. Readied once per set of reserves. A failure is not this
+// step's: its run succeeded. The engine then does at the growth what it would have without this
+// (the AOTInductor engine turns its graphs off on a failed capture, as it would at the growth).
 void Delegate::PrepareEngineForGrowth(StreamHandle stream) {
   std::vector<std::optional<kvcache::CacheStorage>> reserves(caches_.size());
   std::vector<std::pair<void*, int64_t>> prepared_for;  // each reserve's K and capacity

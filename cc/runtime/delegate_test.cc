@@ -933,6 +933,26 @@ TEST_F(RuntimeKvTest, TheEngineIsReadiedAheadForTheBindingOfEachGrowth) {
   EXPECT_EQ(engine_->prepared.size(), growths);  // once each, and never at the max (no reserve)
 }
 
+// An engine that fails to ready itself fails no step: every step commits, the growths keep the
+// contents, and each set of reserves is offered once, not again at every step.
+TEST_F(RuntimeKvTest, AnEngineThatFailsToReadyItselfFailsNoStep) {
+  const std::string key = "delegate_test.unready";
+  blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), 2);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  engine_->prepare_status = Internal("test engine: scripted preparation failure");
+  std::shared_ptr<kvcache::KVCache> first = kvcache::Sequence::FindImplicit()->Find(key);
+  for (int64_t position = 0; position < 40; ++position) {
+    Status status = Step(*delegate_, position, 1);
+    ASSERT_TRUE(status.ok()) << position << ": " << status.message();
+    EXPECT_EQ(logits_->data()[0], static_cast<float>(position + 1)) << position;
+  }
+  EXPECT_EQ(first->metrics().capacity, 64u);
+  EXPECT_EQ(first->metrics().growths, 3u);
+  EXPECT_EQ(engine_->prepared.size(), 3u);  // 16, 32 and 64: once each
+  const auto* k = static_cast<const float*>(first->k());
+  for (int64_t at = 0; at < 64; ++at) EXPECT_EQ(k[at * 4], at < 40 ? at + 1.0f : 0.0f) << at;
+}
+
 // A ring layer's write slots are the runtime's too: (position + t) mod window, in the slots
 // argument the model indexes its write with; the caller's values are never read.
 TEST_F(RuntimeKvTest, RingSlotsComeFromTheRuntime) {

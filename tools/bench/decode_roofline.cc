@@ -10,7 +10,8 @@
 //                          plus STEPS, every step timed; a row per POSITION over the STEPS steps
 //                          from it; `..._all` over every step, `..._growth` over the steps whose
 //                          caches grew, `..._after_growth` over the steps that followed them and
-//                          `..._without_growth` over every other step (p99 column: the slowest);
+//                          `..._without_growth` over every step that did not grow them (those after
+//                          a growth and the first included; p99 column: the slowest);
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.

@@ -372,8 +372,9 @@ class AotiEngine final : public Engine {
       for (size_t i = 0; i < slots_.size(); ++i) slots_[i].shape = prepared_->shapes[i];
       std::unique_ptr<at::cuda::CUDAGraph> graph = std::move(prepared_->graph);
       prepared_.reset();
-      cuda_graphs_captured_ahead.fetch_add(1, std::memory_order_relaxed);
-      return Install(stream, std::move(graph), std::move(key));
+      Status installed = Install(stream, std::move(graph), std::move(key));
+      if (installed.ok() && graph_) cuda_graphs_captured_ahead.fetch_add(1, std::memory_order_relaxed);
+      return installed;
     }
     prepared_.reset();
     if (graph_ && OnlyCachesMoved(graph_key_, key)) {
@@ -390,9 +391,13 @@ class AotiEngine final : public Engine {
 
   // The capture Recapture would make for the bound binding, made ahead of the run that needs it:
   // while a graph replays and the binding differs from it only in where the caches are. It shares
-  // the replayed graph's memory pool (the two are never replayed at once). The capture's run sets
-  // the slots' shapes for its binding (an aliased output's, an output's that follows the caches);
-  // they are kept for the switch, and the slots restored, so that the runs until then report theirs.
+  // the replayed graph's memory pool, and may be given the blocks of that graph's outputs (released
+  // by Capture) while that graph still replays into them. That holds because the two are replayed
+  // one after the other on one stream (the keys' stream), and each reads only pool memory it wrote
+  // in the same replay: its outputs are copied to their bound addresses inside it. The capture's
+  // run sets the slots' shapes for its binding (an aliased output's, an output's that follows the
+  // caches); they are kept for the switch, and the slots restored, so that the runs until then
+  // report theirs.
   Status PrepareGraph(StreamHandle stream) {
     GraphKey key = CurrentKey(stream);
     if (!graph_ || graph_key_ == key || !OnlyCachesMoved(graph_key_, key) ||

@@ -50,7 +50,7 @@ class TestEngine final : public Engine {
   }
   Status Prepare(StreamHandle stream) override {
     prepared.push_back({bound, input_shapes, stream});
-    return Status::Ok();
+    return prepare_status;
   }
   Status OutputShape(const std::string& name, std::vector<int64_t>* shape) const override {
     auto found = output_shapes.find(name);
@@ -76,6 +76,7 @@ class TestEngine final : public Engine {
   // What the test scripts.
   std::map<std::string, std::vector<int64_t>> output_shapes;
   std::function<Status(TestEngine&)> on_enqueue;
+  Status prepare_status = Status::Ok();  // what Prepare returns
 
  private:
   std::vector<EngineBinding> bindings_;
