@@ -24,7 +24,6 @@ the package (AOTIModelPackageLoader::load_constants, user-managed): no weight is
 package, the blob or a temporary file.
 """
 
-import contextlib
 import dataclasses
 import hashlib
 import os
@@ -33,14 +32,12 @@ from typing import Optional, Sequence, Union
 
 import torch
 from torch._inductor.package import package_aoti
-from torch._inductor.virtualized import V
 from torch.export import ExportedProgram
 from torch.export.graph_signature import InputKind, OutputKind
 from torch.export.passes import move_to_device_pass  # torch 2.11 does not import it with torch.export
 from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
-from zerokv.aoti.matvec_split import MatvecSplitChoices
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 
@@ -89,8 +86,7 @@ def compile_aoti(
     cuda_graph: the runtime captures the package's runs as CUDA graphs and replays them
         (zerokv.cuda_graph in the package's metadata; CUDA packages only).
     coordinate_descent_tuning: Inductor's coordinate-descent tuning (CUDA packages only): one-token
-        matrix products become tuned Triton reductions (zerokv.executorch.aoti_engine says why),
-        those with too few outputs to fill the GPU split along their inputs (zerokv.aoti.matvec_split).
+        matrix products become tuned Triton reductions (zerokv.executorch.aoti_engine says why).
     """
     torch_device = torch.device(device)
     if torch_device.type not in ("cpu", "cuda"):
@@ -116,20 +112,19 @@ def compile_aoti(
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
     }
     args, kwargs = program.example_inputs
-    with V.set_choices_handler(MatvecSplitChoices()) if coordinate_descent_tuning else contextlib.nullcontext():
-        files = torch._inductor.aot_compile(
-            program.module(check_guards=False),
-            args,
-            kwargs,
-            options={
-                "aot_inductor.package": True,
-                "aot_inductor.metadata": metadata,
-                "aot_inductor.package_constants_in_so": False,
-                # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
-                "aot_inductor.package_constants_on_disk_format": "pickle_weights",
-                "coordinate_descent_tuning": coordinate_descent_tuning,
-            },
-        )
+    files = torch._inductor.aot_compile(
+        program.module(check_guards=False),
+        args,
+        kwargs,
+        options={
+            "aot_inductor.package": True,
+            "aot_inductor.metadata": metadata,
+            "aot_inductor.package_constants_in_so": False,
+            # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
+            "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+            "coordinate_descent_tuning": coordinate_descent_tuning,
+        },
+    )
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):
         for name, (tensor, _) in weights.items():
