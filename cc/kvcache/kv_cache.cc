@@ -99,6 +99,7 @@ KVCache::~KVCache() {
     if (storage) (void)ops_->FreeAsync(storage, nullptr);
   }
   if (reserve_capacity_ != 0) (void)ReleaseReserve(nullptr);
+  if (retired_capacity_ != 0) (void)FreeRetired(nullptr);
   if (last_use_) ops_->DestroyEvent(last_use_);
 }
 
@@ -144,12 +145,15 @@ Status KVCache::Prepare(StreamHandle stream) {
 
 // Takes the reserve when it has exactly `capacity` (else allocates and zeroes K and V there),
 // copies the old contents into their first positions (those the reserve does not hold yet), and
-// only then swaps them in and frees the old storage on the same stream. Any failure before the
-// swap releases the new storage instead (the reserve too: the copy may have written into it).
+// only then swaps them in and frees the old storage on the same stream (retires it, when the growth
+// took the reserve). Any failure before the swap releases the new storage instead (the reserve too:
+// the copy may have written into it).
 Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
+  if (retired_capacity_ != 0) ZEROKV_RETURN_IF_ERROR(FreeRetired(stream));
   void* grown[2] = {nullptr, nullptr};
   uint64_t carried = 0;  // positions the new storage holds already
-  if (reserve_capacity_ == capacity) {
+  const bool onto_reserve = reserve_capacity_ == capacity;
+  if (onto_reserve) {
     std::swap(grown, reserve_);
     carried = reserve_rows_;
     reserve_capacity_ = 0;
@@ -172,9 +176,17 @@ Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
     ++growths_;
     bytes_moved_ += 2 * position_bytes() * static_cast<size_t>(capacity_);
   }
+  const uint64_t old_capacity = capacity_;
   k_ = grown[0];
   v_ = grown[1];
   capacity_ = capacity;
+  if (onto_reserve && old[0] != nullptr) {
+    retired_[0] = old[0];
+    retired_[1] = old[1];
+    retired_capacity_ = old_capacity;
+    retired_in_step_ = true;
+    return Status::Ok();
+  }
   for (void* storage : old) {
     if (storage) ZEROKV_RETURN_IF_ERROR(ops_->FreeAsync(storage, stream));
   }
@@ -233,6 +245,28 @@ Status KVCache::ReleaseReserve(StreamHandle stream) {
   return status;
 }
 
+Status KVCache::FreeRetired(StreamHandle stream) {
+  Status status = Status::Ok();
+  for (void*& storage : retired_) {
+    Status freed = ops_->FreeAsync(storage, stream);
+    if (status.ok()) status = freed;
+    storage = nullptr;
+  }
+  retired_capacity_ = 0;
+  return status;
+}
+
+Status KVCache::ReleaseRetired(StreamHandle stream, bool* released) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  *released = false;
+  // Outside a step nothing orders `stream` after the retired storage's last use (the growth's copy).
+  if (!held_) return base::Internal("KVCache::ReleaseRetired outside a held step");
+  if (retired_capacity_ == 0 || retired_in_step_) return Status::Ok();
+  ZEROKV_RETURN_IF_ERROR(FreeRetired(stream));
+  *released = true;
+  return Status::Ok();
+}
+
 Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared) {
   std::lock_guard<std::mutex> lock(mutex_);
   *prepared = false;
@@ -278,6 +312,7 @@ void KVCache::EndStep(bool commit) {
   }
   held_ = false;
   held_step_ = 0;
+  retired_in_step_ = false;
 }
 
 Status KVCache::BeginReset() {
@@ -336,7 +371,7 @@ size_t KVCache::bytes_per_tensor() const {
 KVCacheMetrics KVCache::metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
   KVCacheMetrics metrics;
-  metrics.bytes_reserved = 2 * position_bytes() * (capacity_ + reserve_capacity_);
+  metrics.bytes_reserved = 2 * position_bytes() * (capacity_ + reserve_capacity_ + retired_capacity_);
   metrics.bytes_in_use = 2 * position_bytes() * length_;
   metrics.growths = growths_;
   metrics.bytes_moved = bytes_moved_;

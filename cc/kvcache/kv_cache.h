@@ -35,6 +35,13 @@
 // cache holds its next capacity besides its current one. A caller spreads the reserves of its
 // caches over several steps so that no step pays for every layer's next capacity at once (the
 // delegate: one per step).
+// A growth onto the reserve does not release the storage it replaces either: it retires it.
+// cudaFreeAsync returns memory to the device's pool, and the pool gives what it holds unused back
+// to the system at the next synchronization (its release threshold is 0 by default), which the
+// growth step's own end would then wait for, for every layer at once. ReleaseRetired, in a later
+// step, releases it (the delegate: one cache per step); the next growth and the cache's destruction
+// release what is still retired. It costs memory too: the old capacity, held from the growth until
+// then, and counted in bytes_reserved.
 // Ring caches hold `window` positions from the start and never grow; their length saturates at
 // the window (their position does not), and a step wider than the window is refused.
 //
@@ -104,7 +111,7 @@ uint64_t CommittedLength(const KVCacheConfig& config, uint64_t length, uint64_t 
 
 // Memory accounting over K and V together.
 struct KVCacheMetrics {
-  uint64_t bytes_reserved = 0;  // storage allocated now, a growth's prepared ahead included
+  uint64_t bytes_reserved = 0;  // storage allocated now: a reserve and retired storage included
   uint64_t bytes_in_use = 0;    // committed positions
   uint64_t growths = 0;         // reallocations that preserved contents
   uint64_t bytes_moved = 0;     // bytes of old storage they carried over (at the growth or ahead)
@@ -154,6 +161,11 @@ class KVCache {
   // comes, as without a reserve.
   Status PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared);
 
+  // Releases the storage a growth onto the reserve retired, within a held step before its MarkUsed,
+  // on the step's `stream` (refused outside a step), unless the held step is the growth's own.
+  // `released` says whether it released anything.
+  Status ReleaseRetired(StreamHandle stream, bool* released);
+
   // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
   Status MarkUsed(StreamHandle stream);
 
@@ -200,6 +212,8 @@ class KVCache {
                        uint64_t from_capacity, uint64_t first, uint64_t end, StreamHandle stream);
   // Releases the reserve on `stream`.
   Status ReleaseReserve(StreamHandle stream);
+  // Releases the retired storage on `stream`.
+  Status FreeRetired(StreamHandle stream);
 
   const KVCacheConfig config_;
   const std::shared_ptr<DeviceOps> ops_;
@@ -210,6 +224,9 @@ class KVCache {
   void* reserve_[2] = {nullptr, nullptr};  // K and V for the growth to reserve_capacity_, zeroed
   uint64_t reserve_capacity_ = 0;          // 0: no reserve
   uint64_t reserve_rows_ = 0;              // positions [0, reserve_rows_) carried into it already
+  void* retired_[2] = {nullptr, nullptr};  // K and V a growth onto the reserve replaced
+  uint64_t retired_capacity_ = 0;          // 0: nothing retired
+  bool retired_in_step_ = false;           // by the held step's growth
   uint64_t length_ = 0;
   uint64_t position_ = 0;
   bool held_ = false;         // a step or a reset is between its Begin and End

@@ -402,7 +402,7 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   for (size_t copy = copies; copy < copies + 2; ++copy) {
     EXPECT_EQ(record_.copies[copy].bytes, 2 * position_bytes) << copy;
   }
-  EXPECT_EQ(record_.allocations_live, 2);  // the old storage released
+  EXPECT_EQ(record_.allocations_live, 4);  // the old storage retired, not released
   EXPECT_EQ(cache->shape(), reserve.shape);
   EXPECT_EQ(cache->k(), reserve.k);  // the growth binds exactly what Reserve reported
   EXPECT_EQ(cache->v(), reserve.v);
@@ -415,11 +415,66 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
       EXPECT_EQ(At(*cache, cache->v(), row, at), -expected) << row << " " << at;
     }
   }
+  bool released = true;
+  ASSERT_TRUE(cache->ReleaseRetired(stream, &released).ok());
+  EXPECT_FALSE(released);  // never in the growth's own step
+  ASSERT_TRUE(cache->MarkUsed(stream).ok());
   cache->EndStep(/*commit=*/true);
-  const KVCacheMetrics metrics = cache->metrics();
+  KVCacheMetrics metrics = cache->metrics();
   EXPECT_EQ(metrics.growths, 1u);
   EXPECT_EQ(metrics.bytes_moved, 2 * position_bytes * 4);
-  EXPECT_EQ(metrics.bytes_reserved, 2 * position_bytes * 8);
+  EXPECT_EQ(metrics.bytes_reserved, 2 * position_bytes * (8 + 4));  // the retired storage held
+
+  // A later step releases it.
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  ASSERT_TRUE(cache->Prepare(stream).ok());
+  ASSERT_TRUE(cache->ReleaseRetired(stream, &released).ok());
+  EXPECT_TRUE(released);
+  EXPECT_EQ(record_.allocations_live, 2);
+  ASSERT_TRUE(cache->ReleaseRetired(stream, &released).ok());
+  EXPECT_FALSE(released);  // nothing left
+  ASSERT_TRUE(cache->MarkUsed(stream).ok());
+  cache->EndStep(/*commit=*/true);
+  EXPECT_EQ(cache->metrics().bytes_reserved, 2 * position_bytes * 8);
+}
+
+// What a growth onto the reserve retired is released by the next growth if no step released it, and
+// with the cache; a growth that allocates releases the old storage at once; and a release outside a
+// step is refused (nothing would order it after the storage's last use).
+TEST_F(KVCacheTest, RetiredStorageNeverOutlivesTheNextGrowthOrTheCache) {
+  {
+    std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+    bool released = false;
+    EXPECT_FALSE(cache->ReleaseRetired(nullptr, &released).ok());
+    Step(*cache, 3);
+    bool prepared = false;
+    StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    ASSERT_TRUE(prepared);
+    StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);  // grows onto it, to 8
+    EXPECT_EQ(cache->metrics().capacity, 8u);
+    EXPECT_EQ(record_.allocations_live, 4);  // 8 and the retired 4
+    for (int step = 0; step < 3; ++step) StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    CacheStorage reserve;
+    ASSERT_TRUE(cache->Reserve(&reserve));
+    EXPECT_EQ(reserve.shape[2], 16);
+    EXPECT_EQ(record_.allocations_live, 6);
+    Step(*cache, 1);  // grows onto it, to 16: the storage at 4 goes, the one at 8 is retired
+    EXPECT_EQ(cache->metrics().capacity, 16u);
+    EXPECT_EQ(record_.allocations_live, 4);
+    EXPECT_EQ(cache->metrics().bytes_reserved, 2u * 2 * 4 * sizeof(float) * (16 + 8));
+    Step(*cache, 20);  // allocates 32 (no reserve there): 16 goes at once, and 8 with the growth
+    EXPECT_EQ(cache->metrics().capacity, 32u);
+    EXPECT_EQ(record_.allocations_live, 2);
+    for (uint64_t at = 0; at < 32; ++at) {
+      EXPECT_EQ(At(*cache, cache->k(), 1, at), at < 29 ? at + 1.0f : 0.0f) << at;
+    }
+    for (int step = 0; step < 3; ++step) StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    ASSERT_TRUE(cache->Reserve(&reserve));
+    Step(*cache, 1);  // onto the reserve at 64
+    EXPECT_EQ(cache->metrics().capacity, 64u);
+    EXPECT_EQ(record_.allocations_live, 4);
+  }
+  EXPECT_EQ(record_.allocations_live, 0);
 }
 
 TEST_F(KVCacheTest, AReserveOfAnotherCapacityIsReleasedAndTheGrowthKeepsContents) {
@@ -534,7 +589,7 @@ TEST_F(KVCacheTest, AResetKeepsTheReserveAndDestructionReleasesIt) {
     }
     StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
     ASSERT_TRUE(prepared);  // at 16, held when the cache goes
-    EXPECT_EQ(record_.allocations_live, 4);
+    EXPECT_EQ(record_.allocations_live, 6);  // with the storage at 4 the growth retired
   }
   EXPECT_EQ(record_.allocations_live, 0);
 }

@@ -624,6 +624,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
                                       stream));
   }
 
+  ReleaseRetiredStorage(stream);
   if (PrepareGrowthAhead(plan, stream)) PrepareEngineForGrowth(stream);
   if (plan.synchronize) return ops_->SynchronizeStream(stream);
   if (done_event_) {
@@ -655,6 +656,18 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
     if (prepared || !reserved.ok()) return false;
   }
   return true;
+}
+
+// A growth onto the reserves retires every layer's old storage instead of releasing it, since the
+// device's memory pool would give it back to the system at the growth step's end, all layers at once
+// (KVCache::ReleaseRetired). One cache per step releases it after the growth. A failed release is
+// not this step's failure: the storage stays retired until the next growth or the cache's end.
+void Delegate::ReleaseRetiredStorage(StreamHandle stream) {
+  for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
+    bool released = false;
+    Status status = cache->ReleaseRetired(stream, &released);
+    if (released || !status.ok()) return;
+  }
 }
 
 // Switching to new storage costs an engine that replays CUDA graphs a capture (the host launches

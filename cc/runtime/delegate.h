@@ -35,7 +35,8 @@
 // The caller's tensor for those inputs supplies the shape only: its values are never read. After a
 // successful run it prepares at most one cache's next growth ahead (KVCache::PrepareGrowth), so
 // that the layers' allocations are spread over the steps before the growth instead of all landing
-// in it, and commits the step; a refused or failed execute never advances a cache, so a retry
+// in it, releases at most one cache's storage that a growth retired (KVCache::ReleaseRetired), so
+// that the releases are spread over the steps after it, and commits the step; a refused or failed execute never advances a cache, so a retry
 // writes the same positions again.
 //
 // Threads: one delegate serves one thread at a time (ExecuTorch runs a method's instructions in
@@ -136,6 +137,9 @@ class Delegate {
   bool PrepareGrowthAhead(const Plan& plan, StreamHandle stream);
   // Then, on the same stream: readies the engine for the binding the growth step will have.
   void PrepareEngineForGrowth(StreamHandle stream);
+  // After a successful run, on its stream: the first cache holding storage a growth retired
+  // releases it.
+  void ReleaseRetiredStorage(StreamHandle stream);
   Status EnsureStaging(Binding& binding);
   Status Drain();
 

@@ -839,7 +839,7 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
 // Allocating every layer's next capacity in one step made that step several times slower than the
 // others on the H200 (cudaMallocAsync's host time): each step prepares at most one cache's growth
 // ahead, so the growth steps allocate nothing.
-TEST_F(RuntimeKvTest, GrowthIsPreparedOneCachePerStepSoTheGrowthStepsAllocateNothing) {
+TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoTheGrowthStepsAllocateAndReleaseNothing) {
   const std::string key = "delegate_test.spread";
   constexpr size_t kLayers = 4;
   blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
@@ -855,17 +855,23 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedOneCachePerStepSoTheGrowthStepsAllocateNot
   int growth_steps = 0;
   for (int64_t position = 1; position < 60; ++position) {
     const int allocated = record_.async_allocations;
+    const int live = record_.allocations_live;
     uint64_t growths = 0;
     for (const auto& cache : caches) growths += cache->metrics().growths;
     Status status = Step(*delegate_, position, 1);
     ASSERT_TRUE(status.ok()) << position << ": " << status.message();
     EXPECT_EQ(logits_->data()[0], static_cast<float>(position + 1)) << position;
     // K and V of one cache at most: a reserve, never a growth's storage.
-    EXPECT_LE(record_.async_allocations - allocated, 2) << position;
+    const int allocations = record_.async_allocations - allocated;
+    EXPECT_LE(allocations, 2) << position;
+    // The same for releases: the old storage of one cache at most, never in the growth step.
+    const int releases = allocations - (record_.allocations_live - live);
+    EXPECT_LE(releases, 2) << position;
     uint64_t grown = 0;
     for (const auto& cache : caches) grown += cache->metrics().growths;
     if (grown != growths) {
       EXPECT_EQ(grown - growths, kLayers) << position;  // every layer grows in the same step
+      EXPECT_EQ(releases, 0) << position;
       ++growth_steps;
     }
   }
