@@ -7,8 +7,9 @@
 //   ZEROKV_RETURN_IF_ERROR(cache.BeginStep(step, &position));  // every cache, before anything is touched
 //   ZEROKV_RETURN_IF_ERROR(cache.Prepare(stream));
 //   ...bind cache.k() / cache.v() at cache.shape(), fill the step's positions, enqueue on `stream`...
-//   bool prepared;
+//   bool prepared, released;
 //   if (run_ok) (void)cache.PrepareGrowth(lookahead, stream, &prepared);  // optional; see below
+//   if (run_ok) (void)cache.ReleaseRetired(stream, &released);            // see below
 //   cache.MarkUsed(stream);                                    // whether the run succeeded or not
 //   cache.EndStep(/*commit=*/run_ok);                          // only a successful run advances
 //
