@@ -51,7 +51,7 @@ class Report:
     length: int
     top1_match_rate: float
     min_cosine: float
-    cache_bytes: int  # every layer's K and V storage held at the end (growths prepared ahead too)
+    cache_bytes: int  # every layer's K and V storage held at the end (reserves and retired storage too)
 
     @property
     def tokens_per_second(self):

@@ -99,7 +99,7 @@ KVCache::~KVCache() {
     if (storage) (void)ops_->FreeAsync(storage, nullptr);
   }
   if (reserve_capacity_ != 0) (void)ReleaseReserve(nullptr);
-  if (retired_capacity_ != 0) (void)FreeRetired(nullptr);
+  if (retired_capacity_ != 0) (void)FreePair(retired_, nullptr);
   if (last_use_) ops_->DestroyEvent(last_use_);
 }
 
@@ -133,6 +133,7 @@ Status KVCache::Prepare(StreamHandle stream) {
   uint64_t planned = 0;
   ZEROKV_RETURN_IF_ERROR(PlanCapacity(config_, capacity_, length_, held_step_, &planned));
   if (used_) ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, last_use_));
+  ordered_ = true;
   if (zero_pending_) {
     const size_t bytes = position_bytes() * static_cast<size_t>(capacity_);
     ZEROKV_RETURN_IF_ERROR(ops_->Zero(k_, bytes, stream));
@@ -149,7 +150,11 @@ Status KVCache::Prepare(StreamHandle stream) {
 // took the reserve). Any failure before the swap releases the new storage instead (the reserve too:
 // the copy may have written into it).
 Status KVCache::Reallocate(uint64_t capacity, StreamHandle stream) {
-  if (retired_capacity_ != 0) ZEROKV_RETURN_IF_ERROR(FreeRetired(stream));
+  // Not the growth's failure if it fails: the storage is forgotten either way.
+  if (retired_capacity_ != 0) {
+    retired_capacity_ = 0;
+    (void)FreePair(retired_, stream);
+  }
   void* grown[2] = {nullptr, nullptr};
   uint64_t carried = 0;  // positions the new storage holds already
   const bool onto_reserve = reserve_capacity_ == capacity;
@@ -233,36 +238,31 @@ Status KVCache::CopyPositions(void* const (&to)[2], uint64_t to_capacity, void* 
   return Status::Ok();
 }
 
-Status KVCache::ReleaseReserve(StreamHandle stream) {
+Status KVCache::FreePair(void* (&storage)[2], StreamHandle stream) {
   Status status = Status::Ok();
-  for (void*& storage : reserve_) {
-    Status freed = ops_->FreeAsync(storage, stream);
+  for (void*& tensor : storage) {
+    Status freed = ops_->FreeAsync(tensor, stream);
     if (status.ok()) status = freed;
-    storage = nullptr;
+    tensor = nullptr;
   }
-  reserve_capacity_ = 0;
-  reserve_rows_ = 0;
   return status;
 }
 
-Status KVCache::FreeRetired(StreamHandle stream) {
-  Status status = Status::Ok();
-  for (void*& storage : retired_) {
-    Status freed = ops_->FreeAsync(storage, stream);
-    if (status.ok()) status = freed;
-    storage = nullptr;
-  }
-  retired_capacity_ = 0;
-  return status;
+Status KVCache::ReleaseReserve(StreamHandle stream) {
+  reserve_capacity_ = 0;
+  reserve_rows_ = 0;
+  return FreePair(reserve_, stream);
 }
 
 Status KVCache::ReleaseRetired(StreamHandle stream, bool* released) {
   std::lock_guard<std::mutex> lock(mutex_);
   *released = false;
-  // Outside a step nothing orders `stream` after the retired storage's last use (the growth's copy).
-  if (!held_) return base::Internal("KVCache::ReleaseRetired outside a held step");
+  // Only the step's Prepare orders `stream` after the retired storage's last use (the growth's
+  // copy).
+  if (!ordered_) return base::Internal("KVCache::ReleaseRetired outside a held step's Prepare");
   if (retired_capacity_ == 0 || retired_in_step_) return Status::Ok();
-  ZEROKV_RETURN_IF_ERROR(FreeRetired(stream));
+  retired_capacity_ = 0;
+  ZEROKV_RETURN_IF_ERROR(FreePair(retired_, stream));
   *released = true;
   return Status::Ok();
 }
@@ -271,8 +271,8 @@ Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* pre
   std::lock_guard<std::mutex> lock(mutex_);
   *prepared = false;
   // Outside a step nothing would order the reserve's zeroing and filling before another stream's
-  // use of it.
-  if (!held_) return base::Internal("KVCache::PrepareGrowth outside a held step");
+  // use of it, and before the step's Prepare nothing orders its copy after the last use.
+  if (!ordered_) return base::Internal("KVCache::PrepareGrowth outside a held step's Prepare");
   if (config_.policy != blob::KVPolicy::kFlat || k_ == nullptr || reserve_capacity_ != 0 ||
       capacity_ == config_.max_capacity || lookahead <= capacity_ - length_) {
     return Status::Ok();
@@ -299,6 +299,9 @@ Status KVCache::PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* pre
 
 Status KVCache::MarkUsed(StreamHandle stream) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Re-recorded on a stream that never waited for it, the event would no longer cover the last use:
+  // a later step could then free or overwrite what that use still reads.
+  if (used_ && !ordered_) ZEROKV_RETURN_IF_ERROR(ops_->StreamWaitEvent(stream, last_use_));
   ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(last_use_, stream));
   used_ = true;
   return Status::Ok();
@@ -312,6 +315,7 @@ void KVCache::EndStep(bool commit) {
   }
   held_ = false;
   held_step_ = 0;
+  ordered_ = false;
   retired_in_step_ = false;
 }
 
@@ -371,7 +375,8 @@ size_t KVCache::bytes_per_tensor() const {
 KVCacheMetrics KVCache::metrics() const {
   std::lock_guard<std::mutex> lock(mutex_);
   KVCacheMetrics metrics;
-  metrics.bytes_reserved = 2 * position_bytes() * (capacity_ + reserve_capacity_ + retired_capacity_);
+  metrics.bytes_reserved =
+      2 * position_bytes() * (capacity_ + reserve_capacity_ + retired_capacity_);
   metrics.bytes_in_use = 2 * position_bytes() * length_;
   metrics.growths = growths_;
   metrics.bytes_moved = bytes_moved_;

@@ -38,11 +38,11 @@
 // delegate: one per step).
 // A growth onto the reserve does not release the storage it replaces either: it retires it.
 // cudaFreeAsync returns memory to the device's pool, and the pool gives what it holds unused back
-// to the system at the next synchronization (its release threshold is 0 by default), which the
-// growth step's own end would then wait for, for every layer at once. ReleaseRetired, in a later
-// step, releases it (the delegate: one cache per step); the next growth and the cache's destruction
-// release what is still retired. It costs memory too: the old capacity, held from the growth until
-// then, and counted in bytes_reserved.
+// to the system at the next synchronization (its release threshold is 0 by default): the growth
+// step's own end, for every layer at once (what that costs on an H200 is not measured yet).
+// ReleaseRetired, in a later step, releases it (the delegate: one cache per step); the next growth
+// and the cache's destruction release what is still retired. It costs memory too: the old
+// capacity, held from the growth until then, and counted in bytes_reserved.
 // Ring caches hold `window` positions from the start and never grow; their length saturates at
 // the window (their position does not), and a step wider than the window is refused.
 //
@@ -153,21 +153,24 @@ class KVCache {
   // intact.
   Status Prepare(StreamHandle stream);
 
-  // Prepares the growth ahead, within a held step before its MarkUsed, on the step's `stream`
-  // (refused outside a step): for an allocated flat cache below max_capacity without a reserve,
-  // whose committed length (the held step not counted) + `lookahead` exceeds its capacity,
-  // allocates and zeroes the next capacity's K and V, copies the committed positions into them and
+  // Prepares the growth ahead, within a held step after its Prepare and before its MarkUsed, on
+  // the step's `stream` (refused anywhere else): for an allocated flat cache below max_capacity
+  // without a reserve, whose committed length (the held step not counted) + `lookahead` exceeds
+  // its capacity, allocates and zeroes the next capacity's K and V, copies the committed positions into them and
   // keeps them as the reserve. `prepared` says whether it allocated. Changes nothing a step binds
   // (k, v, shape, capacity). On failure it holds nothing new, and the growth allocates when it
   // comes, as without a reserve.
   Status PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared);
 
-  // Releases the storage a growth onto the reserve retired, within a held step before its MarkUsed,
-  // on the step's `stream` (refused outside a step), unless the held step is the growth's own.
-  // `released` says whether it released anything.
+  // Releases the storage a growth onto the reserve retired, within a held step after its Prepare
+  // and before its MarkUsed, on the step's `stream` (refused anywhere else: only the Prepare orders
+  // the stream after the storage's last use), unless the held step is the growth's own. `released`
+  // says whether it released anything.
   Status ReleaseRetired(StreamHandle stream, bool* released);
 
-  // Records that work using the storage was enqueued on `stream`; later Prepares wait for it.
+  // Records that work using the storage was enqueued on `stream`; later Prepares wait for it. In a
+  // step whose Prepare did not run or failed before ordering `stream`, it orders `stream` after the
+  // last use first, so that the recorded use still covers every earlier one.
   Status MarkUsed(StreamHandle stream);
 
   // Releases the held step; `commit` (the run wrote its positions) advances the length and the
@@ -211,10 +214,10 @@ class KVCache {
   // `from_capacity` positions; nullptr: nothing) into `to` (rows of `to_capacity`), on `stream`.
   Status CopyPositions(void* const (&to)[2], uint64_t to_capacity, void* const (&from)[2],
                        uint64_t from_capacity, uint64_t first, uint64_t end, StreamHandle stream);
+  // Releases K and V in `storage` on `stream` and forgets them, even when a release fails.
+  Status FreePair(void* (&storage)[2], StreamHandle stream);
   // Releases the reserve on `stream`.
   Status ReleaseReserve(StreamHandle stream);
-  // Releases the retired storage on `stream`.
-  Status FreeRetired(StreamHandle stream);
 
   const KVCacheConfig config_;
   const std::shared_ptr<DeviceOps> ops_;
@@ -232,6 +235,7 @@ class KVCache {
   uint64_t position_ = 0;
   bool held_ = false;         // a step or a reset is between its Begin and End
   uint64_t held_step_ = 0;    // the held step's tokens
+  bool ordered_ = false;      // the held step's stream waits for the last use (its Prepare did)
   bool zero_pending_ = false;
   EventHandle last_use_ = nullptr;
   bool used_ = false;  // last_use_ has been recorded

@@ -425,12 +425,21 @@ TEST_F(KVCacheTest, AGrowthPreparedAheadAllocatesAndZeroesNothingAndKeepsContent
   EXPECT_EQ(metrics.bytes_moved, 2 * position_bytes * 4);
   EXPECT_EQ(metrics.bytes_reserved, 2 * position_bytes * (8 + 4));  // the retired storage held
 
-  // A later step releases it.
+  // A later step releases it, on its stream, after its Prepare ordered that stream after the
+  // growth.
   ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  EXPECT_FALSE(cache->ReleaseRetired(stream, &released).ok());  // not before the Prepare
   ASSERT_TRUE(cache->Prepare(stream).ok());
+  const int waited = record_.stream_waits;
+  const size_t frees = record_.async_frees.size();
   ASSERT_TRUE(cache->ReleaseRetired(stream, &released).ok());
   EXPECT_TRUE(released);
   EXPECT_EQ(record_.allocations_live, 2);
+  ASSERT_EQ(record_.async_frees.size(), frees + 2);
+  for (size_t free = frees; free < frees + 2; ++free) {
+    EXPECT_EQ(record_.async_frees[free].stream, stream);
+    EXPECT_EQ(record_.async_frees[free].stream_waits, waited);
+  }
   ASSERT_TRUE(cache->ReleaseRetired(stream, &released).ok());
   EXPECT_FALSE(released);  // nothing left
   ASSERT_TRUE(cache->MarkUsed(stream).ok());
@@ -446,6 +455,9 @@ TEST_F(KVCacheTest, RetiredStorageNeverOutlivesTheNextGrowthOrTheCache) {
     std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
     bool released = false;
     EXPECT_FALSE(cache->ReleaseRetired(nullptr, &released).ok());
+    ASSERT_TRUE(cache->BeginReset().ok());
+    EXPECT_FALSE(cache->ReleaseRetired(nullptr, &released).ok());  // a reset holds no stream
+    cache->EndReset(/*reset=*/false);
     Step(*cache, 3);
     bool prepared = false;
     StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
@@ -453,7 +465,9 @@ TEST_F(KVCacheTest, RetiredStorageNeverOutlivesTheNextGrowthOrTheCache) {
     StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);  // grows onto it, to 8
     EXPECT_EQ(cache->metrics().capacity, 8u);
     EXPECT_EQ(record_.allocations_live, 4);  // 8 and the retired 4
-    for (int step = 0; step < 3; ++step) StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    for (int step = 0; step < 3; ++step) {
+      StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    }
     CacheStorage reserve;
     ASSERT_TRUE(cache->Reserve(&reserve));
     EXPECT_EQ(reserve.shape[2], 16);
@@ -468,7 +482,9 @@ TEST_F(KVCacheTest, RetiredStorageNeverOutlivesTheNextGrowthOrTheCache) {
     for (uint64_t at = 0; at < 32; ++at) {
       EXPECT_EQ(At(*cache, cache->k(), 1, at), at < 29 ? at + 1.0f : 0.0f) << at;
     }
-    for (int step = 0; step < 3; ++step) StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    for (int step = 0; step < 3; ++step) {
+      StepPreparingGrowth(*cache, 1, /*lookahead=*/4, nullptr, &prepared);
+    }
     ASSERT_TRUE(cache->Reserve(&reserve));
     Step(*cache, 1);  // onto the reserve at 64
     EXPECT_EQ(cache->metrics().capacity, 64u);
@@ -592,6 +608,30 @@ TEST_F(KVCacheTest, AResetKeepsTheReserveAndDestructionReleasesIt) {
     EXPECT_EQ(record_.allocations_live, 6);  // with the storage at 4 the growth retired
   }
   EXPECT_EQ(record_.allocations_live, 0);
+}
+
+// A step whose Prepare did not run still leaves the last use covering every earlier one: its
+// MarkUsed orders the stream after the last use before recording it. Without that, a later step
+// could release or overwrite storage an earlier step on another stream still reads.
+TEST_F(KVCacheTest, AMarkWithoutAPrepareStillCoversTheLastUse) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  int other_stream = 0;
+  Step(*cache, 1, &record_);
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  bool prepared = false;
+  EXPECT_FALSE(cache->PrepareGrowth(4, &other_stream, &prepared).ok());  // not before the Prepare
+  const int waited = record_.stream_waits;
+  ASSERT_TRUE(cache->MarkUsed(&other_stream).ok());
+  EXPECT_EQ(record_.stream_waits, waited + 1);
+  cache->EndStep(/*commit=*/false);
+  // A prepared step does not wait twice.
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  ASSERT_TRUE(cache->Prepare(&other_stream).ok());
+  const int prepared_waits = record_.stream_waits;
+  ASSERT_TRUE(cache->MarkUsed(&other_stream).ok());
+  EXPECT_EQ(record_.stream_waits, prepared_waits);
+  cache->EndStep(/*commit=*/true);
 }
 
 // A reset forgets the positions carried into the reserve: a later growth into it copies every

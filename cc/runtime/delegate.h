@@ -35,9 +35,9 @@
 // The caller's tensor for those inputs supplies the shape only: its values are never read. After a
 // successful run it prepares at most one cache's next growth ahead (KVCache::PrepareGrowth), so
 // that the layers' allocations are spread over the steps before the growth instead of all landing
-// in it, releases at most one cache's storage that a growth retired (KVCache::ReleaseRetired), so
-// that the releases are spread over the steps after it, and commits the step; a refused or failed execute never advances a cache, so a retry
-// writes the same positions again.
+// in it, releases at most one cache's storage that a growth retired (KVCache::ReleaseRetired),
+// spreading the releases over the steps after it, and commits the step; a refused or failed
+// execute never advances a cache, so a retry writes the same positions again.
 //
 // Threads: one delegate serves one thread at a time (ExecuTorch runs a method's instructions in
 // order); different delegates execute concurrently, each on its own sequence.

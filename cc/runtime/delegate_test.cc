@@ -839,7 +839,7 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
 // Allocating every layer's next capacity in one step made that step several times slower than the
 // others on the H200 (cudaMallocAsync's host time): each step prepares at most one cache's growth
 // ahead, so the growth steps allocate nothing.
-TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoTheGrowthStepsAllocateAndReleaseNothing) {
+TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoGrowthStepsNeitherAllocateNorFree) {
   const std::string key = "delegate_test.spread";
   constexpr size_t kLayers = 4;
   blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
@@ -856,6 +856,8 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoTheGrowthSteps
   for (int64_t position = 1; position < 60; ++position) {
     const int allocated = record_.async_allocations;
     const int live = record_.allocations_live;
+    const int waited = record_.stream_waits;
+    const size_t freed = record_.async_frees.size();
     uint64_t growths = 0;
     for (const auto& cache : caches) growths += cache->metrics().growths;
     Status status = Step(*delegate_, position, 1);
@@ -867,6 +869,12 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoTheGrowthSteps
     // The same for releases: the old storage of one cache at most, never in the growth step.
     const int releases = allocations - (record_.allocations_live - live);
     EXPECT_LE(releases, 2) << position;
+    // On the run's stream, after the step ordered it after every cache's last use.
+    for (size_t free = freed; free < record_.async_frees.size(); ++free) {
+      EXPECT_EQ(record_.async_frees[free].stream, engine_->last_stream) << position;
+      EXPECT_GE(record_.async_frees[free].stream_waits, waited + static_cast<int>(kLayers))
+          << position;
+    }
     uint64_t grown = 0;
     for (const auto& cache : caches) grown += cache->metrics().growths;
     if (grown != growths) {

@@ -24,6 +24,10 @@ class CountingDeviceOps final : public DeviceOps {
     size_t bytes;
     StreamHandle stream;
   };
+  struct Freed {
+    StreamHandle stream;
+    int stream_waits;  // the stream waits made before this free
+  };
 
   // Shared with the test, which keeps a pointer after handing ownership to the delegate.
   struct Record {
@@ -35,6 +39,7 @@ class CountingDeviceOps final : public DeviceOps {
     int streams_created = 0;
     int streams_destroyed = 0;
     int allocations_live = 0;
+    std::vector<Freed> async_frees;  // FreeAsync calls, in order
     int async_allocations = 0;  // AllocateAsync calls that allocated
     int zeroings = 0;           // Zero calls
     int fail_async_allocation_in = 0;  // n > 0: the n-th AllocateAsync from now fails
@@ -65,8 +70,9 @@ class CountingDeviceOps final : public DeviceOps {
     ++record_->async_allocations;
     return Status::Ok();
   }
-  Status FreeAsync(void* data, StreamHandle) override {
+  Status FreeAsync(void* data, StreamHandle stream) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
+    record_->async_frees.push_back({stream, record_->stream_waits});
     FreeLocked(data);
     return Status::Ok();
   }
