@@ -8,11 +8,13 @@
 #   peers   times Hugging Face's decode steps and the copy bandwidth (decode_roofline_peers.py:
 #           OUT_DIR/peers.tsv);
 #   report  prints the table and writes it with the plot (decode_roofline_report.py:
-#           OUT_DIR/decode_roofline.md, OUT_DIR/decode_roofline.png).
+#           OUT_DIR/decode_roofline.md, OUT_DIR/decode_roofline.png);
+#   profile (not by default) times the static step's kernels one by one at the positions
+#           (decode_roofline_profile.py: OUT_DIR/profile.md).
 # Positions: 256 1024 4096 8192 16384 by default.
 set -euo pipefail
-programs=$1 runner=$2 peers=$3 report=$4
-shift 4
+programs=$1 runner=$2 peers=$3 report=$4 profile=$5
+shift 5
 (($#)) || { echo "usage: decode_roofline OUT_DIR [POSITION...]" >&2; exit 2; }
 out=$(realpath -m "$1")
 shift
@@ -32,4 +34,7 @@ if [[ $phases == *" peers "* ]]; then
 fi
 if [[ $phases == *" report "* ]]; then
   "$report" "$out" "$out"
+fi
+if [[ $phases == *" profile "* ]]; then
+  "$profile" "$out/profile.md" "$@"
 fi
