@@ -156,10 +156,10 @@ class KVCache {
   // Prepares the growth ahead, within a held step after its Prepare and before its MarkUsed, on
   // the step's `stream` (refused anywhere else): for an allocated flat cache below max_capacity
   // without a reserve, whose committed length (the held step not counted) + `lookahead` exceeds
-  // its capacity, allocates and zeroes the next capacity's K and V, copies the committed positions into them and
-  // keeps them as the reserve. `prepared` says whether it allocated. Changes nothing a step binds
-  // (k, v, shape, capacity). On failure it holds nothing new, and the growth allocates when it
-  // comes, as without a reserve.
+  // its capacity, allocates and zeroes the next capacity's K and V, copies the committed positions
+  // into them and keeps them as the reserve. `prepared` says whether it allocated. Changes nothing
+  // a step binds (k, v, shape, capacity). On failure it holds nothing new, and the growth
+  // allocates when it comes, as without a reserve.
   Status PrepareGrowth(uint64_t lookahead, StreamHandle stream, bool* prepared);
 
   // Releases the storage a growth onto the reserve retired, within a held step after its Prepare

@@ -660,8 +660,8 @@ bool Delegate::PrepareGrowthAhead(const Plan& plan, StreamHandle stream) {
 
 // A growth onto the reserves retires every layer's old storage instead of releasing it, since the
 // device's memory pool would give it back to the system at the growth step's end, all layers at
-// once (KVCache::ReleaseRetired). One cache per step releases it after the growth. A failed release is
-// not this step's failure: its run succeeded.
+// once (KVCache::ReleaseRetired). One cache per step releases it after the growth. A failed
+// release is not this step's failure: its run succeeded.
 void Delegate::ReleaseRetiredStorage(StreamHandle stream) {
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
     bool released = false;

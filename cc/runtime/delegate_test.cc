@@ -839,7 +839,7 @@ TEST_F(RuntimeKvTest, FailedGrowthAllocationAdvancesNothing) {
 // Allocating every layer's next capacity in one step made that step several times slower than the
 // others on the H200 (cudaMallocAsync's host time): each step prepares at most one cache's growth
 // ahead, so the growth steps allocate nothing.
-TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepSoGrowthStepsNeitherAllocateNorFree) {
+TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepNeverInTheGrowthStep) {
   const std::string key = "delegate_test.spread";
   constexpr size_t kLayers = 4;
   blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
