@@ -4,12 +4,12 @@ GPU machine (torch with CUDA and Triton, transformers, the executorch wheel):
     decode_roofline_programs.py DIR [--shape llama-3.2-1b] [--max-cache 32768] [--initial-capacity 256]
 
 Each is one decode step of the model (tools/bench/decode_roofline_model.py) compiled by AOTInductor
-for CUDA, its full-attention layers on ExecuTorch's split-K decode kernel (hf_decode_attention), its
+for CUDA, its full-attention layers on zerokv's split-K decode kernels (hf_decode_attention), its
 one-token matrix products as tuned Triton reductions (engine option coordinate_descent_tuning), its
 runs captured as CUDA graphs (engine option cuda_graph):
   DIR/runtime_owned/decode.pte (+ .ptd): over runtime-owned caches, grown by doubling from
-    --initial-capacity to --max-cache; attention sweeps the capacity under a mask of the committed
-    positions.
+    --initial-capacity to --max-cache; one engine for every capacity, attention over the committed
+    positions only.
   DIR/static/zero_copy.pte (+ .ptd): over caller-owned static caches of --max-cache positions (the
     program's buffers, written in place); attention stops at the committed length.
   DIR/static/staged.pte (+ .ptd): the same with zero_copy_kv=False: the caches are copied in and out

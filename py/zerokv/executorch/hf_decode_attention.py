@@ -2,22 +2,16 @@
 
 A one-token decode step has one query per head: a masked SDPA over the cache gives it few thread
 blocks and reads every position of the capacity. `use_splitk_decode(model)` makes the model's
-full-attention layers attend, at one-token steps, through ExecuTorch's Triton split-K decode kernel
-(`triton::sdpa_decode_splitk`, a `torch.library.triton_op`), which AOTInductor compiles into the
-engine like any other kernel: the keys are split across thread blocks, grouped-query heads share
-their K/V loads, and
+full-attention layers attend, at one-token steps, through zerokv's split-K decode kernels
+(`zerokv::flash_decode`, zerokv.kernels.flash_decode, a `torch.library.triton_op`), which
+AOTInductor compiles into the engine like any other kernel. The step's position is read on the
+device, so a CUDA graph replays it at any position; the positions past it are never read, over a
+static cache (caller-owned) and over a runtime-owned one alike, whose capacity is dynamic: one
+engine serves every capacity the cache grows to.
 
-  - over a cache of static length (caller-owned), the sweep stops at the committed positions
-    (`kv_len`, read on the device, so a CUDA graph replays it at any position): a step reads what
-    it attends, not the capacity;
-  - over a cache whose length is dynamic (runtime-owned, grown by doubling), the kernel takes a
-    mask of the committed positions instead and sweeps the capacity, at most twice the committed
-    positions. (Its kv_len path reads the capacity as a Python int, which would specialize the
-    engine to one capacity.)
-
-Prefill (several tokens) and sliding-window layers keep transformers' SDPA. The kernel is for
-CUDA, bfloat16 and power-of-two head sizes; anything else is refused by name when the model is
-switched, not at the first step.
+Prefill (several tokens) and sliding-window layers keep transformers' SDPA. The kernels are for
+CUDA, bfloat16 and power-of-two head sizes of 16 or more; anything else is refused by name when
+the model is switched, not at the first step.
 """
 
 from __future__ import annotations
@@ -43,8 +37,8 @@ def use_splitk_decode(model) -> None:
     problems = []
     if model.dtype != torch.bfloat16:
         problems.append(f"the model is {model.dtype}; the kernel computes in bfloat16 only")
-    if head_dim & (head_dim - 1):
-        problems.append(f"head_dim {head_dim} is not a power of two")
+    if head_dim < 16 or head_dim & (head_dim - 1):
+        problems.append(f"head_dim {head_dim} is not a power of two of 16 or more")
     if problems:
         raise DecodeAttentionError(f"{config.model_type}: split-K decode attention: {'; '.join(problems)}")
     _load_kernel()
@@ -58,10 +52,9 @@ def _load_kernel():
     if not torch.cuda.is_available():
         raise DecodeAttentionError("split-K decode attention: the kernel is CUDA's; this machine has no CUDA device")
     try:
-        import executorch.backends.cuda.triton.kernels  # noqa: F401  (registers torch.ops.triton.*)
+        import zerokv.kernels.flash_decode  # noqa: F401  (registers torch.ops.zerokv.flash_decode)
     except ImportError as error:
-        raise DecodeAttentionError(f"split-K decode attention needs Triton and ExecuTorch's CUDA kernels: {error}") \
-            from error
+        raise DecodeAttentionError(f"split-K decode attention needs Triton: {error}") from error
 
 
 def splitk_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
@@ -75,13 +68,5 @@ def splitk_decode_attention(module, query, key, value, attention_mask, dropout=0
     if position_ids is None:
         raise DecodeAttentionError(f"{type(module).__name__}: split-K decode attention needs the step's "
                                    "position_ids (the committed length comes from them)")
-    position = position_ids[0, -1:]
-    capacity = key.shape[2]
-    if isinstance(capacity, int):
-        out = torch.ops.triton.sdpa_decode_splitk(query, key, value, None, 0.0, False, scaling or 0.0, True,
-                                                  kv_len=position + 1)
-    else:
-        committed = (torch.arange(capacity, device=key.device) <= position).view(1, 1, 1, capacity)
-        out = torch.ops.triton.sdpa_decode_splitk(query, key, value, committed.expand(query.shape[0], 1, 1, capacity),
-                                                  0.0, False, scaling or 0.0, True)
-    return out.transpose(1, 2).contiguous(), None
+    out = torch.ops.zerokv.flash_decode(query, key, value, position_ids[0, -1:], scaling or query.shape[-1] ** -0.5)
+    return out, None

@@ -1,5 +1,6 @@
-"""Split-K decode attention: what it leaves to transformers' SDPA and what it refuses. The kernel
-itself is CUDA's: //tools/bench:decode_roofline checks it against eager on the GPU."""
+"""Split-K decode attention: what it leaves to transformers' SDPA and what it refuses. The kernels
+are checked against SDPA in //py/zerokv/kernels:flash_decode_test, and the compiled decoder against
+eager by //tools/bench:decode_roofline on the GPU."""
 
 import pytest
 import torch

@@ -1,0 +1,1 @@
+"""GPU kernels that zerokv's engines compile in (Triton, as torch.library operators)."""

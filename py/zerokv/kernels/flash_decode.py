@@ -1,0 +1,189 @@
+"""Flash-decoding for one query token over a KV cache, split across the committed positions.
+
+`torch.ops.zerokv.flash_decode(query, key, value, position, scale)` attends one new token per
+sequence (`query` [B, H_q, 1, D]) to the positions 0..`position` of the caches (`key`, `value`
+[B, H_kv, capacity, D], H_q a multiple of H_kv) and returns [B, 1, H_q, D], the layout a decoder's
+output projection reads. It is a `torch.library.triton_op`, so AOTInductor compiles its two kernels
+into the engine like its own.
+
+Why not ExecuTorch's split-K decode kernel (`triton::sdpa_decode_splitk`), which this replaces:
+its chunk of positions per thread block is a launch argument sized from the capacity. A decode
+step captured as a CUDA graph replays that argument at every position, so over a static cache of
+32768 positions each block owns 256 of them and, at position 4096, 16 of its 128 splits have work.
+Here the chunk is computed on the device from the committed length, so every split has work at
+every position. Its kv_len path also reads the capacity as a Python int, which specializes an
+engine over runtime-owned caches (a dynamic capacity) to one capacity; here the capacity is a
+kernel argument and the committed length is bounded by it on the device, so one engine serves
+every capacity and never reads past it.
+
+The sweep: each (split, sequence, KV head) program reads its chunk of K and V once for all the
+query heads that share them (grouped-query attention), keeping a running maximum, sum and weighted
+sum of V (online softmax) in float32; a second kernel combines the splits.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+
+# Positions a program reads per step of its sweep; a chunk is a whole number of them.
+BLOCK_N = 64
+# Thread blocks to aim for per streaming multiprocessor: enough to hide memory latency.
+BLOCKS_PER_SM = 2
+MAX_SPLITS = 64
+# tl.dot's smallest operand side: the query heads of a KV group are padded to it.
+MIN_DOT = 16
+
+
+@triton.jit
+def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capacity, kv_heads,
+                  stride_qb, stride_qh, stride_qd,
+                  stride_kb, stride_kh, stride_kn, stride_kd,
+                  stride_vb, stride_vh, stride_vn, stride_vd,
+                  scale,
+                  SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+    split = tl.program_id(0)
+    sequence = tl.program_id(1) // kv_heads
+    kv_head = tl.program_id(1) % kv_heads
+
+    committed = tl.minimum(tl.load(Position).to(tl.int32) + 1, capacity)
+    chunk = tl.cdiv(tl.cdiv(committed, SPLITS), BLOCK_N) * BLOCK_N
+    start = split * chunk
+    end = tl.minimum(start + chunk, committed)
+
+    heads = tl.arange(0, BLOCK_G)
+    real_heads = heads < GROUP
+    dims = tl.arange(0, HEAD_DIM)
+    query_heads = kv_head * GROUP + heads
+    q = tl.load(Q + sequence * stride_qb + query_heads[:, None] * stride_qh + dims[None, :] * stride_qd,
+                mask=real_heads[:, None], other=0.0)
+
+    running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
+    running_sum = tl.zeros([BLOCK_G], tl.float32)
+    weighted = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    k_base = K + sequence * stride_kb + kv_head * stride_kh
+    v_base = V + sequence * stride_vb + kv_head * stride_vh
+    # Every tile starts below `end`, so its maximum is finite and no exp sees -inf - -inf. A while
+    # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values.
+    tile = start
+    while tile < end:
+        positions = tile + tl.arange(0, BLOCK_N)
+        inside = positions < end
+        k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd,
+                    mask=inside[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)) * scale
+        scores = tl.where(inside[None, :], scores, float("-inf"))
+        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+        weights = tl.exp(scores - new_max[:, None])
+        rescale = tl.exp(running_max - new_max)
+        v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd,
+                    mask=inside[:, None], other=0.0)
+        weighted = weighted * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+        running_sum = running_sum * rescale + tl.sum(weights, axis=1)
+        running_max = new_max
+        tile += BLOCK_N
+
+    # A split past the committed length stores max -inf and sum 0: the combine weighs it 0.
+    row = (split * tl.num_programs(1) + tl.program_id(1)) * BLOCK_G + heads
+    tl.store(partial_max + row, running_max)
+    tl.store(partial_sum + row, running_sum)
+    tl.store(partial_out + row[:, None] * HEAD_DIM + dims[None, :], weighted)
+
+
+@triton.jit
+def _combine_kernel(partial_out, partial_max, partial_sum, Out, kv_heads,
+                    stride_ob, stride_oh, stride_od,
+                    SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
+                    HEAD_DIM: tl.constexpr):
+    sequence_head = tl.program_id(0)  # one program per (sequence, query head)
+    sequence = sequence_head // (kv_heads * GROUP)
+    head = sequence_head % (kv_heads * GROUP)
+    splits = tl.arange(0, SPLITS)
+    dims = tl.arange(0, HEAD_DIM)
+    # Rows are (split, sequence, KV head, padded group member), as the split kernel stores them.
+    sequences = tl.num_programs(0) // (kv_heads * GROUP)
+    row = ((splits * sequences + sequence) * kv_heads + head // GROUP) * BLOCK_G + head % GROUP
+    maxima = tl.load(partial_max + row)
+    overall = tl.max(maxima, axis=0)  # finite: split 0 always holds position 0
+    weights = tl.exp(maxima - overall)
+    total = tl.sum(tl.load(partial_sum + row) * weights, axis=0)
+    out = tl.sum(tl.load(partial_out + row[:, None] * HEAD_DIM + dims[None, :]) * weights[:, None], axis=0)
+    tl.store(Out + sequence * stride_ob + head * stride_oh + dims * stride_od, (out / total).to(Out.dtype.element_ty))
+
+
+def check_inputs(query, key, value, position):
+    """Raises ValueError naming what the kernels cannot take."""
+    problems = []
+    if query.dim() != 4 or query.shape[2] != 1:
+        problems.append(f"query: one token per sequence, [B, H_q, 1, D], not {list(query.shape)}")
+    elif key.dim() != 4 or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]:
+        problems.append(f"key's shape {list(key.shape)} is not [B, H_kv, capacity, D] for query {list(query.shape)}")
+    elif query.shape[1] % key.shape[1]:
+        problems.append(f"{query.shape[1]} query heads are not a multiple of key's {key.shape[1]}")
+    if value.shape != key.shape:
+        problems.append(f"value's shape {list(value.shape)} is not key's {list(key.shape)}")
+    for name, tensor in (("key", key), ("value", value)):
+        if tensor.dtype != query.dtype:
+            problems.append(f"{name} is {tensor.dtype}, query {query.dtype}")
+    if query.dtype not in (torch.bfloat16, torch.float16):
+        problems.append(f"query is {query.dtype}; the kernels take bfloat16 or float16")
+    head_dim = query.shape[-1]
+    if head_dim < MIN_DOT or head_dim & (head_dim - 1):
+        problems.append(f"head size {head_dim} is not a power of two of {MIN_DOT} or more")
+    if position.numel() != 1 or position.dtype.is_floating_point or position.dtype.is_complex:
+        problems.append(f"position must be one integer (the step's), not {position.dtype} {list(position.shape)}")
+    if problems:
+        raise ValueError("flash_decode: " + "; ".join(problems))
+
+
+def splits_for(sequences_times_kv_heads: int, multiprocessors: int) -> int:
+    """The number of splits (a power of two, for the combine's vector) that gives each
+    multiprocessor about BLOCKS_PER_SM programs."""
+    wanted = max(1, BLOCKS_PER_SM * multiprocessors // max(1, sequences_times_kv_heads))
+    return min(MAX_SPLITS, 1 << (wanted.bit_length() - 1))
+
+
+def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num_warps=4,
+           launcher=lambda kernel: kernel):
+    """Runs the two kernels into `out` ([B, 1, H_q, D]). `launcher` wraps each kernel
+    (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n` and `num_warps`."""
+    batch, query_heads, _, head_dim = query.shape
+    kv_heads, capacity = key.shape[1], key.shape[2]
+    group = query_heads // kv_heads
+    block_g = max(MIN_DOT, triton.next_power_of_2(group))
+    rows = splits * batch * kv_heads * block_g
+    partial_out = torch.empty((rows, head_dim), device=query.device, dtype=torch.float32)
+    partial_max = torch.empty((rows,), device=query.device, dtype=torch.float32)
+    partial_sum = torch.empty((rows,), device=query.device, dtype=torch.float32)
+    launcher(_split_kernel)[(splits, batch * kv_heads)](
+        query, key, value, partial_out, partial_max, partial_sum, position, capacity, kv_heads,
+        query.stride(0), query.stride(1), query.stride(3),
+        *key.stride(), *value.stride(), scale,
+        SPLITS=splits, GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim,
+        num_warps=num_warps)
+    launcher(_combine_kernel)[(batch * query_heads,)](
+        partial_out, partial_max, partial_sum, out, kv_heads,
+        out.stride(0), out.stride(2), out.stride(3),
+        SPLITS=splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, num_warps=1)
+    return out
+
+
+@triton_op("zerokv::flash_decode", mutates_args=())
+def flash_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
+                 scale: float) -> torch.Tensor:
+    check_inputs(query, key, value, position)
+    batch, query_heads, _, head_dim = query.shape
+    out = torch.empty((batch, 1, query_heads, head_dim), device=query.device, dtype=query.dtype)
+    multiprocessors = torch.cuda.get_device_properties(query.device).multi_processor_count
+    return launch(query, key, value, position, scale, out, splits_for(batch * key.shape[1], multiprocessors),
+                  launcher=wrap_triton)
+
+
+@flash_decode.register_fake
+def _(query, key, value, position, scale):
+    check_inputs(query, key, value, position)
+    batch, query_heads, _, head_dim = query.shape
+    return query.new_empty((batch, 1, query_heads, head_dim))

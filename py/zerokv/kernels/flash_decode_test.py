@@ -1,0 +1,123 @@
+"""zerokv::flash_decode against SDPA over the committed positions. On a CUDA machine the kernels run
+compiled, in bfloat16 and float16; elsewhere they run under Triton's interpreter in float16 (its
+bfloat16 tl.dot is wrong on the CPU), which checks the same chunking, masking and combine."""
+
+import os
+
+import pytest
+import torch
+
+CUDA = torch.cuda.is_available()
+if not CUDA:
+    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined
+triton = pytest.importorskip("triton", reason="the kernels are Triton's; this venv has no Triton")
+
+from zerokv.kernels import flash_decode as fd  # noqa: E402  (after TRITON_INTERPRET)
+
+DEVICE = "cuda" if CUDA else "cpu"
+DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16]
+
+
+def _reference(query, key, value, position, scale):
+    committed = min(position + 1, key.shape[2])
+    group = query.shape[1] // key.shape[1]
+    key = key[:, :, :committed].float().repeat_interleave(group, 1)
+    value = value[:, :, :committed].float().repeat_interleave(group, 1)
+    out = torch.nn.functional.scaled_dot_product_attention(query.float(), key, value, scale=scale)
+    return out.transpose(1, 2)
+
+
+def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
+    generator = torch.Generator().manual_seed(seed)
+    query = torch.randn(batch, query_heads, 1, head_dim, generator=generator)
+    key = torch.randn(batch, kv_heads, capacity, head_dim, generator=generator)
+    value = torch.randn(batch, kv_heads, capacity, head_dim, generator=generator)
+    return [tensor.to(DEVICE, dtype) for tensor in (query, key, value)]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("batch, query_heads, kv_heads, capacity, head_dim, position, splits", [
+    (1, 8, 2, 300, 16, 0, 4),        # one position: every split but the first is empty
+    (1, 8, 2, 300, 16, 150, 4),      # the last chunk partly filled
+    (1, 8, 2, 300, 16, 299, 4),      # the whole capacity
+    (2, 4, 4, 200, 32, 130, 8),      # two sequences, no grouping, more splits than tiles
+    (1, 32, 8, 1000, 64, 999, 32),   # Llama-3.2-1B's heads
+    (1, 4, 1, 64, 16, 63, 1),        # one split: no combine across splits
+])
+def test_matches_sdpa_over_the_committed_positions(dtype, batch, query_heads, kv_heads, capacity, head_dim,
+                                                   position, splits):
+    query, key, value = _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype)
+    # Past the committed positions the cache holds what a longer sequence left: it must not count.
+    key[:, :, position + 1:] = 1e3
+    scale = head_dim ** -0.5
+    out = torch.empty(batch, 1, query_heads, head_dim, device=DEVICE, dtype=dtype)
+    fd.launch(query, key, value, torch.tensor([position], device=DEVICE), scale, out, splits)
+    torch.testing.assert_close(out.float(), _reference(query, key, value, position, scale), rtol=2e-2, atol=2e-2)
+
+
+def test_a_position_past_the_capacity_reads_no_further_than_the_capacity():
+    query, key, value = _inputs(1, 4, 2, 96, 16, torch.float16)
+    key[:, :, 64:] = 1e3  # what lies past a capacity of 64, in the same storage
+    key, value = key[:, :, :64], value[:, :, :64]
+    out = torch.empty(1, 1, 4, 16, device=DEVICE, dtype=torch.float16)
+    fd.launch(query, key, value, torch.tensor([500], device=DEVICE), 0.25, out, 4)
+    torch.testing.assert_close(out.float(), _reference(query, key, value, 63, 0.25), rtol=2e-2, atol=2e-2)
+
+
+def test_splits_fill_the_multiprocessors_in_powers_of_two():
+    assert fd.splits_for(8, 132) == 32          # Llama-3.2-1B's 8 KV heads on an H200
+    assert fd.splits_for(1, 132) == fd.MAX_SPLITS
+    assert fd.splits_for(1024, 132) == 1
+
+
+@pytest.mark.parametrize("change, named", [
+    (lambda q, k, v: (q.expand(1, 8, 2, 16), k, v), "query: one token per sequence"),
+    (lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)), "8 query heads are not a multiple of key's 3"),
+    (lambda q, k, v: (q, k.float(), v), "key is torch.float32"),
+    (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), "head size 12 is not a power of two of 16 or more"),
+    (lambda q, k, v: (q, k, v[:, :, :8]), "value's shape"),
+])
+def test_inputs_the_kernels_cannot_take_are_refused_by_name(change, named):
+    query, key, value = change(*_inputs(1, 8, 2, 32, 16, torch.float16))
+    with pytest.raises(ValueError, match=f"flash_decode: .*{named}"):
+        fd.check_inputs(query, key, value, torch.tensor([3]))
+
+
+def test_a_position_that_is_not_one_integer_is_refused_by_name():
+    query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
+    with pytest.raises(ValueError, match="flash_decode: position must be one integer"):
+        fd.check_inputs(query, key, value, torch.tensor([3.0]))
+
+
+@pytest.mark.skipif(not CUDA, reason="the operator compiles its kernels for CUDA; this machine has none")
+def test_the_operator_compiles_into_a_cuda_graph_and_replays_at_any_position():
+    query, key, value = _inputs(1, 32, 8, 4096, 64, torch.bfloat16)
+    position = torch.tensor([0], device=DEVICE)
+    step = torch.compile(lambda q, k, v, p: torch.ops.zerokv.flash_decode(q, k, v, p, 0.125), fullgraph=True)
+    step(query, key, value, position)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = step(query, key, value, position)
+    for committed in (1, 700, 4096):
+        position.fill_(committed - 1)
+        graph.replay()
+        torch.testing.assert_close(out.float(), _reference(query, key, value, committed - 1, 0.125),
+                                   rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.skipif(not CUDA, reason="AOTInductor compiles the operator for CUDA; this machine has none")
+def test_one_aotinductor_engine_serves_every_capacity(tmp_path):
+    class Attend(torch.nn.Module):
+        def forward(self, query, key, value, position):
+            return torch.ops.zerokv.flash_decode(query, key, value, position, 0.125)
+
+    query, key, value = _inputs(1, 32, 8, 512, 64, torch.bfloat16)
+    capacity = torch.export.Dim("capacity", min=16, max=1 << 16)
+    program = torch.export.export(Attend(), (query, key, value, torch.tensor([300], device=DEVICE)),
+                                  dynamic_shapes=(None, {2: capacity}, {2: capacity}, None))
+    engine = torch._inductor.aoti_load_package(
+        torch._inductor.aoti_compile_and_package(program, package_path=str(tmp_path / "attend.pt2")))
+    for capacity, position in ((512, 300), (2048, 1500), (64, 63)):
+        query, key, value = _inputs(1, 32, 8, capacity, 64, torch.bfloat16, seed=capacity)
+        got = engine(query, key, value, torch.tensor([position], device=DEVICE))
+        torch.testing.assert_close(got.float(), _reference(query, key, value, position, 0.125), rtol=2e-2, atol=2e-2)
