@@ -12,6 +12,10 @@
 //                          caches grew, `..._after_growth` over the steps that followed them and
 //                          `..._without_growth` over every step that did not grow them (those after
 //                          a growth and the first included; p99 column: the slowest);
+//                          `..._growth_step` at each step that grew them and `..._slow_step` at each
+//                          other step slower than twice the median over every step (position,
+//                          then its ms in both columns, 1 step), so that outliers can be placed
+//                          against the growths;
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
@@ -153,6 +157,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
   const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
   std::vector<double> times, growth, after_growth, without_growth;
+  std::vector<int64_t> growth_positions;
   bool previous_grew = false;
   ZeroKVCacheMetrics metrics{};
   for (int64_t position = 0; position < end; ++position) {
@@ -162,6 +167,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
     zerokv_kv_sequence_metrics(caches, &metrics);
     previous_grew = metrics.growths > growths;
     (previous_grew ? growth : without_growth).push_back(times.back());
+    if (previous_grew) growth_positions.push_back(position);
   }
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
@@ -171,6 +177,15 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   Spread("zerokv_runtime_owned_growth", growth);
   Spread("zerokv_runtime_owned_after_growth", after_growth);
   Spread("zerokv_runtime_owned_without_growth", without_growth);
+  std::vector<double> sorted = times;
+  std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
+  const double twice_median = 2 * sorted[sorted.size() / 2];
+  for (int64_t position = 0; position < end; ++position) {
+    const bool grew = std::binary_search(growth_positions.begin(), growth_positions.end(), position);
+    if (grew || times[position] > twice_median) {
+      Row(grew ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step", position, {times[position]});
+    }
+  }
 }
 
 void Static(const std::string& dir, const std::string& program, const std::string& variant, const Reference* reference,

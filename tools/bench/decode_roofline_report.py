@@ -73,6 +73,12 @@ def table(model, rows):
         if variant in rows:
             median, slowest, count = rows[variant][0]
             lines.append(f"- zerokv runtime-owned, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")
+    growths = sorted(rows.get("zerokv_runtime_owned_growth_step", {}))
+    for position, (ms, _, _) in sorted(rows.get("zerokv_runtime_owned_slow_step", {}).items()):
+        next_growth = next((growth for growth in growths if growth > position), None)
+        where = f"{next_growth - position} steps before the growth at {next_growth}" if next_growth else "after the last growth"
+        lines.append(f"- zerokv runtime-owned, a step over twice the median that did not grow the caches: "
+                     f"{ms:.3f} ms at position {position}, {where}")
     for variant in sorted(v for v in rows if v.startswith("agreement_")):
         cosine, matches, steps = rows[variant][0]
         lines.append(f"- {variant[len('agreement_'):]} against Hugging Face eager over positions 0-{steps - 1}: "
