@@ -5,7 +5,7 @@
 #     (tools/setup/install_bazel.sh), with the `bazel` wrapper in $ZEROKV_BIN_DIR;
 #   - clang 14 with its libFuzzer and sanitizer runtimes, and patchelf, from bookworm;
 #   - the venv $ZEROKV_PREFIX/venv from tools/setup/requirements.lock (torch 2.13.0 CPU,
-#     executorch 1.5.1, TensorRT-RTX 1.7.1.116, absl-py, pytest, numpy);
+#     executorch 1.5.1, TensorRT-RTX 1.7.1.116, Triton 3.6.0, absl-py, pytest, numpy);
 #   - buildifier 8.2.1 from npm;
 #   - $ZEROKV_PREFIX/machine.bazelrc: the machine-level Bazel flags (which venv to use).
 # With --gpu-bundle, then also prepares a run on the GPU machine (tools/gpu/prepare.sh: a
