@@ -2,7 +2,8 @@
 
 `torch.ops.zerokv.flash_decode(query, key, value, position, scale)` attends one new token per
 sequence (`query` [B, H_q, 1, D]) to the positions 0..`position` of the caches (`key`, `value`
-[B, H_kv, capacity, D], H_q a multiple of H_kv) and returns [B, 1, H_q, D], the layout a decoder's
+[B, H_kv, capacity, D], H_q a multiple of H_kv; `position` one integer >= 0 on the device, the same
+for every sequence, bounded by the capacity) and returns [B, 1, H_q, D], the layout a decoder's
 output projection reads. It is a `torch.library.triton_op`, so AOTInductor compiles its two kernels
 into the engine like its own.
 
@@ -10,8 +11,8 @@ Why not ExecuTorch's split-K decode kernel (`triton::sdpa_decode_splitk`), which
 its chunk of positions per thread block is a launch argument sized from the capacity. A decode
 step captured as a CUDA graph replays that argument at every position, so over a static cache of
 32768 positions each block owns 256 of them and, at position 4096, 16 of its 128 splits have work.
-Here the chunk is computed on the device from the committed length, so every split has work at
-every position. Its kv_len path also reads the capacity as a Python int, which specializes an
+Here the chunk is computed on the device from the committed length, so the positions are spread
+over all the splits (down to one tile of BLOCK_N positions each) at every position. Its kv_len path also reads the capacity as a Python int, which specializes an
 engine over runtime-owned caches (a dynamic capacity) to one capacity; here the capacity is a
 kernel argument and the committed length is bounded by it on the device, so one engine serves
 every capacity and never reads past it.
@@ -31,8 +32,8 @@ from torch.library import triton_op, wrap_triton
 # Positions a program reads per step of its sweep; a chunk is a whole number of them.
 BLOCK_N = 64
 # Thread blocks to aim for per streaming multiprocessor: enough to hide memory latency. On the H200,
-# 4 (64 splits over Llama-3.2-1B's 8 KV heads) read 16384 positions in 15.4 us per layer, 2 in
-# 19.5 (//tools/bench:flash_decode_bench).
+# 4 (64 splits over Llama-3.2-1B's 8 KV heads) read 16384 positions in 14.8 us per layer, 2 (32
+# splits) in 19.6 (//tools/bench:flash_decode_bench).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
 # tl.dot's smallest operand side: the query heads of a KV group are padded to it.
@@ -66,8 +67,9 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     weighted = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
-    k_base = K + sequence * stride_kb + kv_head * stride_kh
-    v_base = V + sequence * stride_vb + kv_head * stride_vh
+    # In 64 bits: a batch of long caches passes 2**31 elements.
+    k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # Every tile starts below `end`, so its maximum is finite and no exp sees -inf - -inf. A while
     # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values.
     tile = start

@@ -41,6 +41,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
     (1, 8, 2, 300, 16, 150, 4),      # the last chunk partly filled
     (1, 8, 2, 300, 16, 299, 4),      # the whole capacity
     (2, 4, 4, 200, 32, 130, 8),      # two sequences, no grouping, more splits than tiles
+    (2, 8, 2, 200, 16, 120, 4),      # two sequences of grouped heads: the combine finds each row
     (1, 32, 8, 1000, 64, 999, 32),   # Llama-3.2-1B's heads
     (1, 4, 1, 64, 16, 63, 1),        # one split: no combine across splits
 ])
