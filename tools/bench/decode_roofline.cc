@@ -15,7 +15,7 @@
 //                          `..._growth_step` at each step that grew them and `..._slow_step` at each
 //                          other step slower than twice the median over every step (position,
 //                          then its ms in both columns, 1 step), so that outliers can be placed
-//                          against the growths;
+//                          between the growths;
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
@@ -157,17 +157,17 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
   const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
   std::vector<double> times, growth, after_growth, without_growth;
-  std::vector<int64_t> growth_positions;
-  bool previous_grew = false;
+  std::vector<bool> grew;
+  // The growth count is cumulative over the sequence's life (the agreement's steps included).
   ZeroKVCacheMetrics metrics{};
+  zerokv_kv_sequence_metrics(caches, &metrics);
   for (int64_t position = 0; position < end; ++position) {
     const uint64_t growths = metrics.growths;
     times.push_back(Step(module, "decode", (position * 7) % static_cast<int64_t>(reference.vocab), position));
-    if (previous_grew) after_growth.push_back(times.back());
+    if (!grew.empty() && grew.back()) after_growth.push_back(times.back());
     zerokv_kv_sequence_metrics(caches, &metrics);
-    previous_grew = metrics.growths > growths;
-    (previous_grew ? growth : without_growth).push_back(times.back());
-    if (previous_grew) growth_positions.push_back(position);
+    grew.push_back(metrics.growths > growths);
+    (grew.back() ? growth : without_growth).push_back(times.back());
   }
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
@@ -181,9 +181,9 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
   const double twice_median = 2 * sorted[sorted.size() / 2];
   for (int64_t position = 0; position < end; ++position) {
-    const bool grew = std::binary_search(growth_positions.begin(), growth_positions.end(), position);
-    if (grew || times[position] > twice_median) {
-      Row(grew ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step", position, {times[position]});
+    if (grew[position] || times[position] > twice_median) {
+      Row(grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step", position,
+          {times[position]});
     }
   }
 }

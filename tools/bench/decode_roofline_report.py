@@ -42,6 +42,15 @@ def roofline_ms(model, position, bandwidth_gbs):
     return (model["weight_bytes"] + model["kv_bytes_per_position"] * (position + 1)) / (bandwidth_gbs * 1e6)
 
 
+def _between_growths(position, growths):
+    """Where `position` lies between the steps that grew the caches."""
+    before = [growth for growth in growths if growth < position]
+    after = [growth for growth in growths if growth > position]
+    places = ([f"{position - before[-1]} steps after the growth at {before[-1]}"] if before else []) + \
+             ([f"{after[0] - position} before the growth at {after[0]}"] if after else [])
+    return ", ".join(places) or "with no growth in the run"
+
+
 def table(model, rows):
     bandwidth = rows["d2d_copy_bandwidth"][0][0]
     positions = sorted(rows["zerokv_static"])
@@ -75,10 +84,8 @@ def table(model, rows):
             lines.append(f"- zerokv runtime-owned, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")
     growths = sorted(rows.get("zerokv_runtime_owned_growth_step", {}))
     for position, (ms, _, _) in sorted(rows.get("zerokv_runtime_owned_slow_step", {}).items()):
-        next_growth = next((growth for growth in growths if growth > position), None)
-        where = f"{next_growth - position} steps before the growth at {next_growth}" if next_growth else "after the last growth"
         lines.append(f"- zerokv runtime-owned, a step over twice the median that did not grow the caches: "
-                     f"{ms:.3f} ms at position {position}, {where}")
+                     f"{ms:.3f} ms at position {position}, {_between_growths(position, growths)}")
     for variant in sorted(v for v in rows if v.startswith("agreement_")):
         cosine, matches, steps = rows[variant][0]
         lines.append(f"- {variant[len('agreement_'):]} against Hugging Face eager over positions 0-{steps - 1}: "

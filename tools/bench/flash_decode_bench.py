@@ -2,12 +2,13 @@
 (`triton::sdpa_decode_splitk`, the kernel it replaced), over Llama-3.2-1B's heads (32 query, 8 KV, head
 size 64, bfloat16) and static caches of CAPACITY positions (prints a table; not a test):
 
-    bazel run --config=gpu //tools/bench:flash_decode_bench -- [POSITION...]
+    bazel run --config=gpu //tools/bench:flash_decode_bench -- [COMMITTED...]
 
 Each row is one CUDA graph of LAYERS layers' attention (each layer its own caches, as in a step),
-replayed at the position; microseconds per layer, and the KV bytes the committed positions hold
-divided by that time. Rows named `zerokv splits=S block_n=N warps=W` sweep the kernel's launch
-parameters around its defaults (flash_decode.splits_for, BLOCK_N, 4 warps).
+replayed with COMMITTED positions in the caches (the step at position COMMITTED - 1); microseconds
+per layer, and the KV bytes the committed positions hold divided by that time. Rows named
+`zerokv splits=S block_n=N warps=W` sweep the kernel's launch parameters around its defaults
+(flash_decode.splits_for, BLOCK_N, 4 warps).
 """
 
 import sys
@@ -19,7 +20,7 @@ from zerokv.kernels import flash_decode as fd
 QUERY_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 64
 LAYERS = 16
 CAPACITY = 32768
-POSITIONS = [256, 1024, 4096, 8192, 16384]
+COMMITTED = [256, 1024, 4096, 8192, 16384]
 REPLAYS = 50
 
 
@@ -46,7 +47,7 @@ def _microseconds_per_layer(graph):
 def main():
     import executorch.backends.cuda.triton.kernels  # noqa: F401  (registers torch.ops.triton.*)
 
-    positions = [int(argument) for argument in sys.argv[1:]] or POSITIONS
+    committed_lengths = [int(argument) for argument in sys.argv[1:]] or COMMITTED
     torch.manual_seed(0)
     query = torch.randn(1, QUERY_HEADS, 1, HEAD_DIM, device="cuda", dtype=torch.bfloat16)
     caches = [(torch.randn(1, KV_HEADS, CAPACITY, HEAD_DIM, device="cuda", dtype=torch.bfloat16),
@@ -77,12 +78,12 @@ def main():
 
     key, value = caches[-1]
     print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; {LAYERS} layers per graph, capacity {CAPACITY}")
-    print("| variant | " + " | ".join(f"{p}: us/layer (TB/s)" for p in positions) + " |")
-    print("|---|" + "---:|" * len(positions))
+    print("| variant | " + " | ".join(f"{n} committed: us/layer (TB/s)" for n in committed_lengths) + " |")
+    print("|---|" + "---:|" * len(committed_lengths))
     for name, step in variants.items():
         graph = _graph(step)
         cells = []
-        for committed in positions:
+        for committed in committed_lengths:
             position.fill_(committed - 1)
             micros = _microseconds_per_layer(graph)
             kv_bytes = 2 * KV_HEADS * committed * HEAD_DIM * 2

@@ -10,8 +10,9 @@ static cache (caller-owned) and over a runtime-owned one alike, whose capacity i
 engine serves every capacity the cache grows to.
 
 Prefill (several tokens) and sliding-window layers keep transformers' SDPA. The kernels are for
-CUDA, bfloat16 and power-of-two head sizes of 16 or more; anything else is refused by name when
-the model is switched, not at the first step.
+CUDA, bfloat16 or float16, and power-of-two head sizes of 16 or more
+(zerokv.kernels.flash_decode_contract); anything else is refused by name when the model is
+switched, not at the first step.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from __future__ import annotations
 import torch
 
 from zerokv.errors import ZeroKVError
+from zerokv.kernels import flash_decode_contract as contract
 
 SPLITK_DECODE = "zerokv_splitk_decode"
 
@@ -28,17 +30,17 @@ class DecodeAttentionError(ZeroKVError, ValueError):
 
 
 def use_splitk_decode(model) -> None:
-    """Switches `model` (a transformers decoder, bfloat16, on CUDA) to split-K decode attention."""
+    """Switches `model` (a transformers decoder, bfloat16 or float16, on CUDA) to split-K decode attention."""
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
     config = model.config
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     problems = []
-    if model.dtype != torch.bfloat16:
-        problems.append(f"the model is {model.dtype}; the kernel computes in bfloat16 only")
-    if head_dim < 16 or head_dim & (head_dim - 1):
-        problems.append(f"head_dim {head_dim} is not a power of two of 16 or more")
+    if model.dtype not in contract.DTYPES:
+        problems.append(f"the model is {model.dtype}; the kernels take {' or '.join(map(str, contract.DTYPES))}")
+    if problem := contract.head_dim_problem(head_dim):
+        problems.append(problem)
     if problems:
         raise DecodeAttentionError(f"{config.model_type}: split-K decode attention: {'; '.join(problems)}")
     _load_kernel()

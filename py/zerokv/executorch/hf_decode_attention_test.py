@@ -43,8 +43,9 @@ def test_a_machine_without_cuda_is_refused_when_the_model_is_switched():
 
 
 @pytest.mark.parametrize("dtype, head_dim, named", [
-    (torch.float32, 16, "the model is torch.float32; the kernel computes in bfloat16 only"),
-    (torch.bfloat16, 24, "head_dim 24 is not a power of two"),
+    (torch.float32, 16, "the model is torch.float32; the kernels take torch.bfloat16 or torch.float16"),
+    (torch.bfloat16, 24, "head size 24 is not a power of two of 16 or more"),
+    (torch.bfloat16, 8, "head size 8 is not a power of two of 16 or more"),
 ])
 def test_a_model_the_kernel_cannot_take_is_refused_by_name(dtype, head_dim, named):
     model = hf.tiny("llama")

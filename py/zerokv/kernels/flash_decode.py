@@ -2,20 +2,21 @@
 
 `torch.ops.zerokv.flash_decode(query, key, value, position, scale)` attends one new token per
 sequence (`query` [B, H_q, 1, D]) to the positions 0..`position` of the caches (`key`, `value`
-[B, H_kv, capacity, D], H_q a multiple of H_kv; `position` one integer >= 0 on the device, the same
-for every sequence, bounded by the capacity) and returns [B, 1, H_q, D], the layout a decoder's
-output projection reads. It is a `torch.library.triton_op`, so AOTInductor compiles its two kernels
-into the engine like its own.
+[B, H_kv, capacity, D], H_q a multiple of H_kv) and returns [B, 1, H_q, D], the layout a decoder's
+output projection reads. `position` is one integer on the device, the same for every sequence: a
+position past the capacity attends to the whole capacity, and a negative one gives NaN (nothing is
+committed). It is a `torch.library.triton_op`, so AOTInductor compiles its two kernels into the
+engine like its own.
 
 Why not ExecuTorch's split-K decode kernel (`triton::sdpa_decode_splitk`), which this replaces:
 its chunk of positions per thread block is a launch argument sized from the capacity. A decode
 step captured as a CUDA graph replays that argument at every position, so over a static cache of
 32768 positions each block owns 256 of them and, at position 4096, 16 of its 128 splits have work.
-Here the chunk is computed on the device from the committed length, so the positions are spread
-over all the splits (down to one tile of BLOCK_N positions each) at every position. Its kv_len path also reads the capacity as a Python int, which specializes an
-engine over runtime-owned caches (a dynamic capacity) to one capacity; here the capacity is a
-kernel argument and the committed length is bounded by it on the device, so one engine serves
-every capacity and never reads past it.
+Here the chunk is computed on the device from the committed length, so the committed positions are
+spread over the splits (down to one tile of BLOCK_N positions each) at every position. Its kv_len
+path also reads the capacity as a Python int, which specializes an engine over runtime-owned caches
+(a dynamic capacity) to one capacity; here the capacity is a kernel argument and the committed
+length is bounded by it on the device, so one engine serves every capacity and never reads past it.
 
 The sweep: each (split, sequence, KV head) program reads its chunk of K and V once for all the
 query heads that share them (grouped-query attention), keeping a running maximum, sum and weighted
@@ -29,6 +30,8 @@ import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 
+from zerokv.kernels.flash_decode_contract import DTYPES, MIN_HEAD_DIM, FlashDecodeError, head_dim_problem
+
 # Positions a program reads per step of its sweep; a chunk is a whole number of them.
 BLOCK_N = 64
 # Thread blocks to aim for per streaming multiprocessor: enough to hide memory latency. On the H200,
@@ -36,8 +39,6 @@ BLOCK_N = 64
 # splits) in 19.6 (//tools/bench:flash_decode_bench).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
-# tl.dot's smallest operand side: the query heads of a KV group are padded to it.
-MIN_DOT = 16
 
 
 @triton.jit
@@ -52,7 +53,8 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     sequence = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
 
-    committed = tl.minimum(tl.load(Position).to(tl.int32) + 1, capacity)
+    # Bounded before narrowing, so that no position wraps into the capacity.
+    committed = tl.minimum(tl.load(Position), capacity - 1).to(tl.int32) + 1
     chunk = tl.cdiv(tl.cdiv(committed, SPLITS), BLOCK_N) * BLOCK_N
     start = split * chunk
     end = tl.minimum(start + chunk, committed)
@@ -91,11 +93,12 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
         running_max = new_max
         tile += BLOCK_N
 
-    # A split past the committed length stores max -inf and sum 0: the combine weighs it 0.
+    # A split past the committed length stores max -inf and sum 0: the combine weighs it 0. The
+    # padding heads (up to BLOCK_G) are not stored: the combine reads real heads only.
     row = (split * tl.num_programs(1) + tl.program_id(1)) * BLOCK_G + heads
-    tl.store(partial_max + row, running_max)
-    tl.store(partial_sum + row, running_sum)
-    tl.store(partial_out + row[:, None] * HEAD_DIM + dims[None, :], weighted)
+    tl.store(partial_max + row, running_max, mask=real_heads)
+    tl.store(partial_sum + row, running_sum, mask=real_heads)
+    tl.store(partial_out + row[:, None] * HEAD_DIM + dims[None, :], weighted, mask=real_heads[:, None])
 
 
 @triton.jit
@@ -116,32 +119,37 @@ def _combine_kernel(partial_out, partial_max, partial_sum, Out, kv_heads,
     weights = tl.exp(maxima - overall)
     total = tl.sum(tl.load(partial_sum + row) * weights, axis=0)
     out = tl.sum(tl.load(partial_out + row[:, None] * HEAD_DIM + dims[None, :]) * weights[:, None], axis=0)
-    tl.store(Out + sequence * stride_ob + head * stride_oh + dims * stride_od, (out / total).to(Out.dtype.element_ty))
+    tl.store(Out + sequence * stride_ob + head * stride_oh + dims * stride_od,
+             (out / total).to(Out.dtype.element_ty))
 
 
 def check_inputs(query, key, value, position):
-    """Raises ValueError naming what the kernels cannot take."""
+    """Raises FlashDecodeError naming what the kernels cannot take."""
     problems = []
     if query.dim() != 4 or query.shape[2] != 1:
         problems.append(f"query: one token per sequence, [B, H_q, 1, D], not {list(query.shape)}")
     elif key.dim() != 4 or key.shape[0] != query.shape[0] or key.shape[3] != query.shape[3]:
         problems.append(f"key's shape {list(key.shape)} is not [B, H_kv, capacity, D] for query {list(query.shape)}")
+    elif key.shape[1] == 0 or key.shape[2] == 0:
+        problems.append(f"key's shape {list(key.shape)} has no heads or no positions")
     elif query.shape[1] % key.shape[1]:
         problems.append(f"{query.shape[1]} query heads are not a multiple of key's {key.shape[1]}")
     if value.shape != key.shape:
         problems.append(f"value's shape {list(value.shape)} is not key's {list(key.shape)}")
-    for name, tensor in (("key", key), ("value", value)):
-        if tensor.dtype != query.dtype:
+    if query.dtype not in DTYPES:
+        problems.append(f"query is {query.dtype}; the kernels take {' or '.join(map(str, DTYPES))}")
+    for name, tensor in (("key", key), ("value", value), ("position", position)):
+        if tensor.device != query.device:
+            problems.append(f"{name} is on {tensor.device}, query on {query.device}")
+        if name != "position" and tensor.dtype != query.dtype:
             problems.append(f"{name} is {tensor.dtype}, query {query.dtype}")
-    if query.dtype not in (torch.bfloat16, torch.float16):
-        problems.append(f"query is {query.dtype}; the kernels take bfloat16 or float16")
-    head_dim = query.shape[-1]
-    if head_dim < MIN_DOT or head_dim & (head_dim - 1):
-        problems.append(f"head size {head_dim} is not a power of two of {MIN_DOT} or more")
-    if position.numel() != 1 or position.dtype.is_floating_point or position.dtype.is_complex:
+    if problem := head_dim_problem(query.shape[-1]):
+        problems.append(problem)
+    if position.numel() != 1 or position.dtype.is_floating_point or position.dtype.is_complex \
+            or position.dtype == torch.bool:
         problems.append(f"position must be one integer (the step's), not {position.dtype} {list(position.shape)}")
     if problems:
-        raise ValueError("flash_decode: " + "; ".join(problems))
+        raise FlashDecodeError("flash_decode: " + "; ".join(problems))
 
 
 def splits_for(sequences_times_kv_heads: int, multiprocessors: int) -> int:
@@ -155,10 +163,12 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
            launcher=lambda kernel: kernel):
     """Runs the two kernels into `out` ([B, 1, H_q, D]). `launcher` wraps each kernel
     (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n` and `num_warps`."""
+    if splits < 1 or splits & (splits - 1):
+        raise FlashDecodeError(f"flash_decode: {splits} splits; the combine takes a power of two")
     batch, query_heads, _, head_dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = query_heads // kv_heads
-    block_g = max(MIN_DOT, triton.next_power_of_2(group))
+    block_g = max(MIN_HEAD_DIM, triton.next_power_of_2(group))  # tl.dot's smallest side
     rows = splits * batch * kv_heads * block_g
     partial_out = torch.empty((rows, head_dim), device=query.device, dtype=torch.float32)
     partial_max = torch.empty((rows,), device=query.device, dtype=torch.float32)
@@ -187,6 +197,8 @@ def flash_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, po
                   launcher=wrap_triton)
 
 
+# triton_op's own fake runs the launch, which asks the device for its multiprocessors: an export
+# on the CPU (decode_roofline_programs.py) compiles for CUDA from CPU tensors.
 @flash_decode.register_fake
 def _(query, key, value, position, scale):
     check_inputs(query, key, value, position)

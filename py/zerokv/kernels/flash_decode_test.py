@@ -13,6 +13,7 @@ if not CUDA:
 triton = pytest.importorskip("triton", reason="the kernels are Triton's; this venv has no Triton")
 
 from zerokv.kernels import flash_decode as fd  # noqa: E402  (after TRITON_INTERPRET)
+from zerokv.kernels.flash_decode_contract import FlashDecodeError  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16]
@@ -48,20 +49,22 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
 def test_matches_sdpa_over_the_committed_positions(dtype, batch, query_heads, kv_heads, capacity, head_dim,
                                                    position, splits):
     query, key, value = _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype)
-    # Past the committed positions the cache holds what a longer sequence left: it must not count.
-    key[:, :, position + 1:] = 1e3
+    # Past the committed positions the cache holds what a longer sequence left: it must not be read.
+    key[:, :, position + 1:] = float("nan")
+    value[:, :, position + 1:] = float("nan")
     scale = head_dim ** -0.5
     out = torch.empty(batch, 1, query_heads, head_dim, device=DEVICE, dtype=dtype)
     fd.launch(query, key, value, torch.tensor([position], device=DEVICE), scale, out, splits)
     torch.testing.assert_close(out.float(), _reference(query, key, value, position, scale), rtol=2e-2, atol=2e-2)
 
 
-def test_a_position_past_the_capacity_reads_no_further_than_the_capacity():
+@pytest.mark.parametrize("position", [64, 500, 2**32 + 5])
+def test_a_position_past_the_capacity_reads_no_further_than_the_capacity(position):
     query, key, value = _inputs(1, 4, 2, 96, 16, torch.float16)
-    key[:, :, 64:] = 1e3  # what lies past a capacity of 64, in the same storage
+    key[:, :, 64:] = float("nan")  # what lies past a capacity of 64, in the same storage
     key, value = key[:, :, :64], value[:, :, :64]
     out = torch.empty(1, 1, 4, 16, device=DEVICE, dtype=torch.float16)
-    fd.launch(query, key, value, torch.tensor([500], device=DEVICE), 0.25, out, 4)
+    fd.launch(query, key, value, torch.tensor([position], device=DEVICE), 0.25, out, 4)
     torch.testing.assert_close(out.float(), _reference(query, key, value, 63, 0.25), rtol=2e-2, atol=2e-2)
 
 
@@ -73,21 +76,39 @@ def test_splits_fill_the_multiprocessors_in_powers_of_two():
 
 @pytest.mark.parametrize("change, named", [
     (lambda q, k, v: (q.expand(1, 8, 2, 16), k, v), "query: one token per sequence"),
-    (lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)), "8 query heads are not a multiple of key's 3"),
+    (lambda q, k, v: (q, torch.cat([k, k[:, :1]], 1), torch.cat([v, v[:, :1]], 1)),
+     "8 query heads are not a multiple of key's 3"),
     (lambda q, k, v: (q, k.float(), v), "key is torch.float32"),
-    (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), "head size 12 is not a power of two of 16 or more"),
+    (lambda q, k, v: (q[..., :12], k[..., :12], v[..., :12]), "head size 12 is not a power of two of 16"),
     (lambda q, k, v: (q, k, v[:, :, :8]), "value's shape"),
+    (lambda q, k, v: (q, k[:, :, :0], v[:, :, :0]), "has no heads or no positions"),
+    (lambda q, k, v: (q, k[:, :0], v[:, :0]), "has no heads or no positions"),
 ])
 def test_inputs_the_kernels_cannot_take_are_refused_by_name(change, named):
     query, key, value = change(*_inputs(1, 8, 2, 32, 16, torch.float16))
-    with pytest.raises(ValueError, match=f"flash_decode: .*{named}"):
-        fd.check_inputs(query, key, value, torch.tensor([3]))
+    with pytest.raises(FlashDecodeError, match=f"flash_decode: .*{named}"):
+        fd.check_inputs(query, key, value, torch.tensor([3], device=DEVICE))
 
 
-def test_a_position_that_is_not_one_integer_is_refused_by_name():
+@pytest.mark.parametrize("position, named", [
+    (torch.tensor([3.0]), "position must be one integer"),
+    (torch.tensor([True]), "position must be one integer"),
+    (torch.tensor([3, 4]), "position must be one integer"),
+    (torch.tensor([3], device="meta"), "position is on meta"),
+])
+def test_a_position_the_kernels_cannot_take_is_refused_by_name(position, named):
     query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
-    with pytest.raises(ValueError, match="flash_decode: position must be one integer"):
-        fd.check_inputs(query, key, value, torch.tensor([3.0]))
+    if position.device.type != "meta":
+        position = position.to(DEVICE)
+    with pytest.raises(FlashDecodeError, match=f"flash_decode: {named}"):
+        fd.check_inputs(query, key, value, position)
+
+
+def test_splits_that_the_combine_cannot_take_are_refused_by_name():
+    query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
+    out = torch.empty(1, 1, 8, 16, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(FlashDecodeError, match="flash_decode: 3 splits; the combine takes a power of two"):
+        fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, 3)
 
 
 @pytest.mark.skipif(not CUDA, reason="the operator compiles its kernels for CUDA; this machine has none")
