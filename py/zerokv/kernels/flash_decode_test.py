@@ -1,6 +1,7 @@
 """zerokv::flash_decode against SDPA over the committed positions. On a CUDA machine the kernels run
 compiled, in bfloat16 and float16; elsewhere they run under Triton's interpreter in float16 (its
-bfloat16 tl.dot is wrong on the CPU), which checks the same chunking, masking and combine."""
+bfloat16 tl.dot is wrong on the CPU), which checks the same chunking, masking and combine; that the
+kernels compile for the GPU is flash_decode_compile_test's."""
 
 import os
 

@@ -1,0 +1,47 @@
+"""zerokv::flash_decode's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
+PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test) checks
+what they compute but not their types: a scale that Inductor passes as float64 once changed a
+loop-carried value's type, which only the compiler refuses."""
+
+import os
+
+import pytest
+
+if os.environ.get("TRITON_INTERPRET") == "1":
+    pytest.skip("the compiler, not the interpreter, is under test", allow_module_level=True)
+triton = pytest.importorskip("triton", reason="the kernels are Triton's; this venv has no Triton")
+
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.compiler import ASTSource  # noqa: E402
+
+from zerokv.kernels import flash_decode as fd  # noqa: E402
+
+H200 = GPUTarget("cuda", 90, 32)
+LLAMA_1B = {"SPLITS": 64, "GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": 64}
+
+
+def _compile(kernel, types, constants, num_warps):
+    """Compiles `kernel` with argument types `types` (by name; integers default to `types["int"]`)."""
+    signature = {}
+    for name in kernel.arg_names:
+        signature[name] = "constexpr" if name in constants else types.get(name, types["int"])
+    source = ASTSource(fn=kernel, signature=signature,
+                       constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
+    return triton.compile(source, target=H200, options={"num_warps": num_warps})
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("scale", ["fp32", "fp64"])  # Inductor passes a Python float as float64
+@pytest.mark.parametrize("integers", ["i32", "i64"])  # strides and sizes past 2**31 arrive as i64
+def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers):
+    types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "partial_out": "*fp32", "partial_max": "*fp32",
+             "partial_sum": "*fp32", "Position": "*i64", "scale": scale, "int": integers}
+    compiled = _compile(fd._split_kernel, types, {**LLAMA_1B, "BLOCK_N": fd.BLOCK_N}, num_warps=4)
+    assert ".entry _split_kernel" in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_the_combine_kernel_compiles_for_the_h200(dtype):
+    types = {"partial_out": "*fp32", "partial_max": "*fp32", "partial_sum": "*fp32", "Out": f"*{dtype}", "int": "i32"}
+    compiled = _compile(fd._combine_kernel, types, LLAMA_1B, num_warps=1)
+    assert ".entry _combine_kernel" in compiled.asm["ptx"]
