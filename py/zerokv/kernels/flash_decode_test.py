@@ -139,3 +139,19 @@ def test_one_compiled_step_serves_every_capacity():
         with torch._dynamo.config.patch(error_on_recompile=capacity != 512):
             got = step(query, key, value, torch.tensor([position], device=DEVICE))
         torch.testing.assert_close(got.float(), _reference(query, key, value, position, 0.125), rtol=2e-2, atol=2e-2)
+
+
+def test_a_step_exports_on_the_cpu_with_a_dynamic_capacity():
+    # The bench exports its programs from CPU tensors and compiles them for CUDA: the operator's
+    # checks and fake must take a symbolic capacity without a device to ask.
+    class Attend(torch.nn.Module):
+        def forward(self, query, key, value, position):
+            return torch.ops.zerokv.flash_decode(query, key, value, position, 0.125)
+
+    query, key, value = (tensor.cpu() for tensor in _inputs(1, 32, 8, 512, 64, torch.bfloat16))
+    capacity = torch.export.Dim("capacity", min=16, max=1 << 16)
+    program = torch.export.export(Attend(), (query, key, value, torch.tensor([300])),
+                                  dynamic_shapes=(None, {2: capacity}, {2: capacity}, None))
+    [call] = [node for node in program.graph.nodes if node.target is torch.ops.zerokv.flash_decode.default]
+    assert list(call.meta["val"].shape) == [1, 1, 32, 64]
+    assert isinstance(call.args[1].meta["val"].shape[2], torch.SymInt)  # the capacity stayed dynamic
