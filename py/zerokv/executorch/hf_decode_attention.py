@@ -51,12 +51,13 @@ def use_splitk_decode(model) -> None:
 
 
 def _load_kernel():
-    if not torch.cuda.is_available():
-        raise DecodeAttentionError("split-K decode attention: the kernel is CUDA's; this machine has no CUDA device")
     try:
-        import zerokv.kernels.flash_decode  # noqa: F401  (registers torch.ops.zerokv.flash_decode)
+        from zerokv.kernels import flash_decode  # registers torch.ops.zerokv.flash_decode
     except ImportError as error:
         raise DecodeAttentionError(f"split-K decode attention needs Triton: {error}") from error
+    if not (torch.cuda.is_available() or flash_decode.INTERPRETED):
+        raise DecodeAttentionError("split-K decode attention: the kernels are CUDA's; this machine has no CUDA "
+                                   "device (on the CPU they run only under Triton's interpreter, TRITON_INTERPRET=1)")
 
 
 def splitk_decode_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,

@@ -29,6 +29,7 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.runtime.interpreter import InterpretedFunction
 
 from zerokv.kernels.flash_decode_contract import DTYPES, MIN_HEAD_DIM, FlashDecodeError, head_dim_problem
 
@@ -123,6 +124,10 @@ def _combine_kernel(partial_out, partial_max, partial_sum, Out, kv_heads,
              (out / total).to(Out.dtype.element_ty))
 
 
+# Triton's interpreter (TRITON_INTERPRET=1 when the kernels were defined) runs them on CPU tensors.
+INTERPRETED = isinstance(_split_kernel, InterpretedFunction)
+
+
 def check_inputs(query, key, value, position):
     """Raises FlashDecodeError naming what the kernels cannot take."""
     problems = []
@@ -186,15 +191,24 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
     return out
 
 
+def _multiprocessors(device):
+    """The device's streaming multiprocessors; the interpreter runs one program at a time."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    if INTERPRETED:
+        return 1
+    raise FlashDecodeError(f"flash_decode: the kernels run on CUDA devices, or on the CPU under Triton's "
+                           f"interpreter (TRITON_INTERPRET=1 before they are imported); not on {device}")
+
+
 @triton_op("zerokv::flash_decode", mutates_args=())
 def flash_decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, position: torch.Tensor,
                  scale: float) -> torch.Tensor:
     check_inputs(query, key, value, position)
     batch, query_heads, _, head_dim = query.shape
     out = torch.empty((batch, 1, query_heads, head_dim), device=query.device, dtype=query.dtype)
-    multiprocessors = torch.cuda.get_device_properties(query.device).multi_processor_count
-    return launch(query, key, value, position, scale, out, splits_for(batch * key.shape[1], multiprocessors),
-                  launcher=wrap_triton)
+    return launch(query, key, value, position, scale, out,
+                  splits_for(batch * key.shape[1], _multiprocessors(query.device)), launcher=wrap_triton)
 
 
 # triton_op's own fake runs the launch, which asks the device for its multiprocessors: an export

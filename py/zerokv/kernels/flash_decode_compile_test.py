@@ -20,6 +20,12 @@ H200 = GPUTarget("cuda", 90, 32)
 LLAMA_1B = {"SPLITS": 64, "GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": 64}
 
 
+@pytest.fixture(autouse=True)
+def _fresh_triton_cache(tmp_path, monkeypatch):
+    # A cached kernel would not be compiled again; and the sandbox's home is read-only.
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+
+
 def _compile(kernel, types, constants, num_warps):
     """Compiles `kernel` with argument types `types` (by name; integers default to `types["int"]`)."""
     signature = {}

@@ -1,19 +1,21 @@
-"""zerokv::flash_decode against SDPA over the committed positions. On a CUDA machine the kernels run
-compiled, in bfloat16 and float16; elsewhere they run under Triton's interpreter in float16 (its
-bfloat16 tl.dot is wrong on the CPU), which checks the same chunking, masking and combine; that the
-kernels compile for the GPU is flash_decode_compile_test's."""
+"""zerokv::flash_decode against SDPA over the committed positions. Under Triton's interpreter
+(TRITON_INTERPRET=1, as the Bazel target sets it) the kernels run on the CPU in float16 (the
+interpreter's bfloat16 tl.dot is wrong), which checks the chunking, masking and combine; without it,
+on a CUDA machine, they run compiled in bfloat16 and float16. That the kernels compile for the GPU is
+flash_decode_compile_test's."""
 
 import os
 
 import pytest
 import torch
 
-CUDA = torch.cuda.is_available()
-if not CUDA:
-    os.environ["TRITON_INTERPRET"] = "1"  # read when the kernels are defined
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+CUDA = torch.cuda.is_available() and not INTERPRET
+if not (INTERPRET or CUDA):
+    pytest.skip("no CUDA device: run under Triton's interpreter, TRITON_INTERPRET=1", allow_module_level=True)
 triton = pytest.importorskip("triton", reason="the kernels are Triton's; this venv has no Triton")
 
-from zerokv.kernels import flash_decode as fd  # noqa: E402  (after TRITON_INTERPRET)
+from zerokv.kernels import flash_decode as fd  # noqa: E402
 from zerokv.kernels.flash_decode_contract import FlashDecodeError  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
@@ -112,7 +114,7 @@ def test_splits_that_the_combine_cannot_take_are_refused_by_name():
         fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, 3)
 
 
-@pytest.mark.skipif(not CUDA, reason="the operator compiles its kernels for CUDA; this machine has none")
+@pytest.mark.skipif(not CUDA, reason="the operator's kernels compiled for CUDA: under the interpreter or without CUDA")
 def test_the_operator_compiles_into_a_cuda_graph_and_replays_at_any_position():
     query, key, value = _inputs(1, 32, 8, 4096, 64, torch.bfloat16)
     position = torch.tensor([0], device=DEVICE)
@@ -128,7 +130,7 @@ def test_the_operator_compiles_into_a_cuda_graph_and_replays_at_any_position():
                                    rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.skipif(not CUDA, reason="the operator compiles its kernels for CUDA; this machine has none")
+@pytest.mark.skipif(not CUDA, reason="the operator's kernels compiled for CUDA: under the interpreter or without CUDA")
 def test_one_compiled_step_serves_every_capacity():
     torch._dynamo.reset()
     step = torch.compile(lambda q, k, v, p: torch.ops.zerokv.flash_decode(q, k, v, p, 0.125), fullgraph=True,

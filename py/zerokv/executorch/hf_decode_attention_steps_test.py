@@ -1,0 +1,46 @@
+"""A Hugging Face decoder switched to split-K decode attention decodes as eager does, step by step
+over caches longer than what is committed, and across a growth of their capacity. Under Triton's
+interpreter (TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is
+imported) on the CPU in float16; without it, on a CUDA machine, compiled in bfloat16."""
+
+import os
+
+import pytest
+import torch
+
+from zerokv.executorch import hf_decoders as hf
+from zerokv.executorch.hf_decode_attention import use_splitk_decode
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+if not (INTERPRET or torch.cuda.is_available()):
+    pytest.skip("no CUDA device: run under Triton's interpreter, TRITON_INTERPRET=1", allow_module_level=True)
+pytest.importorskip("triton", reason="the kernels are Triton's; this venv has no Triton")
+
+DEVICE, DTYPE = ("cpu", torch.float16) if INTERPRET else ("cuda", torch.bfloat16)
+STEPS = 12
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_decode_steps_match_eager_across_a_growth(family):
+    reference = hf.tiny(family).to(DEVICE, DTYPE)
+    want, tokens = hf.eager_steps(reference, torch.tensor([[1]], device=DEVICE), STEPS)
+    model = hf.tiny(family).to(DEVICE, DTYPE)
+    use_splitk_decode(model)
+    step = hf.CacheInputs(model)
+    # Poison past the committed positions: a read there would show. The capacity doubles halfway,
+    # as a runtime-owned cache grows, with the committed rows carried over.
+    caches = [torch.full(hf.cache_shape(model.config, 8), float("nan"), device=DEVICE, dtype=DTYPE)
+              for _ in hf.cache_input_names(model.config)]
+    fed = [1, *tokens[:-1]]
+    with torch.no_grad():
+        for position, token in enumerate(fed):
+            if position == 8:
+                grown = [torch.full(hf.cache_shape(model.config, 16), float("nan"), device=DEVICE, dtype=DTYPE)
+                         for _ in caches]
+                for old, new in zip(caches, grown):
+                    new[:, :, :8] = old
+                caches = grown
+            got = step(torch.tensor([[token]], device=DEVICE), torch.tensor([position], device=DEVICE), *caches)[0]
+            cosine = torch.nn.functional.cosine_similarity(got.float(), want[position].float(), dim=-1)
+            assert cosine.item() > 0.999, f"position {position}: cosine {cosine.item()}"
+            assert got.argmax().item() == want[position].argmax().item(), f"position {position}: top-1 differs"
