@@ -31,7 +31,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from zerokv.kernels.flash_decode_contract import DTYPES, MIN_HEAD_DIM, FlashDecodeError, head_dim_problem
+from zerokv.kernels.flash_decode_contract import DTYPES, MIN_DOT_SIZE, FlashDecodeError, head_dim_problem
 
 # Positions a program reads per step of its sweep; a chunk is a whole number of them.
 BLOCK_N = 64
@@ -173,7 +173,7 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
     batch, query_heads, _, head_dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = query_heads // kv_heads
-    block_g = max(MIN_HEAD_DIM, triton.next_power_of_2(group))  # tl.dot's smallest side
+    block_g = max(MIN_DOT_SIZE, triton.next_power_of_2(group))
     rows = splits * batch * kv_heads * block_g
     partial_out = torch.empty((rows, head_dim), device=query.device, dtype=torch.float32)
     partial_max = torch.empty((rows,), device=query.device, dtype=torch.float32)

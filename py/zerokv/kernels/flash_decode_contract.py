@@ -8,8 +8,9 @@ import torch
 from zerokv.errors import ZeroKVError
 
 DTYPES = (torch.bfloat16, torch.float16)
-# tl.dot's smallest operand side: a head is one side of both products.
-MIN_HEAD_DIM = 16
+# tl.dot's smallest operand side: a head is one side of both products (and a KV head's group of
+# query heads is padded to it).
+MIN_DOT_SIZE = 16
 
 
 class FlashDecodeError(ZeroKVError, ValueError):
@@ -18,6 +19,6 @@ class FlashDecodeError(ZeroKVError, ValueError):
 
 def head_dim_problem(head_dim: int) -> str | None:
     """Why the kernels cannot take heads of `head_dim`, or None."""
-    if head_dim < MIN_HEAD_DIM or head_dim & (head_dim - 1):
-        return f"head size {head_dim} is not a power of two of {MIN_HEAD_DIM} or more"
+    if head_dim < MIN_DOT_SIZE or head_dim & (head_dim - 1):
+        return f"head size {head_dim} is not a power of two of {MIN_DOT_SIZE} or more"
     return None
