@@ -12,7 +12,9 @@ engine serves every capacity the cache grows to.
 Prefill (several tokens) and sliding-window layers keep transformers' SDPA. The kernels are for
 CUDA, bfloat16 or float16, and power-of-two head sizes of 16 or more
 (zerokv.kernels.flash_decode_contract); anything else is refused by name when the model is
-switched, not at the first step.
+switched, not at the first step. A decode step attends to every position up to its own, as a causal
+mask over one sequence does: the attention mask is not read, so a step of several sequences (which
+a batch pads) is refused.
 """
 
 from __future__ import annotations
@@ -71,5 +73,10 @@ def splitk_decode_attention(module, query, key, value, attention_mask, dropout=0
     if position_ids is None:
         raise DecodeAttentionError(f"{type(module).__name__}: split-K decode attention needs the step's "
                                    "position_ids (the committed length comes from them)")
+    if query.shape[0] != 1:
+        # The kernels attend to every position up to the step's, as a causal mask over one sequence
+        # does; a batch's padding mask would be dropped, silently.
+        raise DecodeAttentionError(f"{type(module).__name__}: split-K decode attention takes one sequence, not "
+                                   f"{query.shape[0]}: the attention mask, which pads a batch, is not read")
     out = torch.ops.zerokv.flash_decode(query, key, value, position_ids[0, -1:], scaling or query.shape[-1] ** -0.5)
     return out, None

@@ -34,6 +34,13 @@ def test_a_decode_step_without_positions_is_refused_by_name():
         splitk_decode_attention(attention, *_qkv(1), None)
 
 
+def test_a_decode_step_of_several_sequences_is_refused_by_name():
+    attention = hf.tiny("llama").model.layers[0].self_attn
+    query, key, value = (torch.cat([tensor, tensor]) for tensor in _qkv(1))
+    with pytest.raises(DecodeAttentionError, match="LlamaAttention: .* takes one sequence, not 2: the attention mask"):
+        splitk_decode_attention(attention, query, key, value, None, position_ids=torch.tensor([[5], [3]]))
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_a_machine_without_cuda_is_refused_when_the_model_is_switched():
     model = hf.tiny("llama").to(torch.bfloat16)
