@@ -1,11 +1,13 @@
 """zerokv::flash_decode's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
 PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test) checks
 what they compute but not their types: a scale that Inductor passes as float64 once changed a
-loop-carried value's type, which only the compiler refuses."""
+loop-carried value's type, which only the compiler refuses. Compiled kernels take no CPU tensors:
+the operator refuses them by name."""
 
 import os
 
 import pytest
+import torch
 
 if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("the compiler, not the interpreter, is under test", allow_module_level=True)
@@ -51,3 +53,10 @@ def test_the_combine_kernel_compiles_for_the_h200(dtype):
     types = {"partial_out": "*fp32", "partial_max": "*fp32", "partial_sum": "*fp32", "Out": f"*{dtype}", "int": "i32"}
     compiled = _compile(fd._combine_kernel, types, LLAMA_1B, num_warps=1)
     assert ".entry _combine_kernel" in compiled.asm["ptx"]
+
+
+def test_without_the_interpreter_cpu_tensors_are_refused_by_name():
+    query = torch.zeros(1, 4, 1, 16, dtype=torch.float16)
+    key = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
+    with pytest.raises(fd.FlashDecodeError, match="flash_decode: the kernels run on CUDA devices, .* not on cpu"):
+        torch.ops.zerokv.flash_decode(query, key, key, torch.tensor([3]), 0.25)
