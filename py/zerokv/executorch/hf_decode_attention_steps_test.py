@@ -1,5 +1,7 @@
 """A Hugging Face decoder switched to split-K decode attention decodes as eager does, step by step
-over caches longer than what is committed, and across a growth of their capacity. Under Triton's
+over caches longer than what is committed, and across a growth of their capacity: run as it is,
+and as the decode method zerokv exports (hf_decoders.export_programs: one program, its capacity
+dynamic). Under Triton's
 interpreter (TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is
 imported) on the CPU in float16; without it, on a CUDA machine, compiled in bfloat16."""
 
@@ -20,13 +22,20 @@ DEVICE, DTYPE = ("cpu", torch.float16) if INTERPRET else ("cuda", torch.bfloat16
 STEPS = 12
 
 
+@pytest.mark.parametrize("exported", [False, True], ids=["eager", "exported"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_decode_steps_match_eager_across_a_growth(family):
+def test_decode_steps_match_eager_across_a_growth(family, exported):
     reference = hf.tiny(family).to(DEVICE, DTYPE)
     want, tokens = hf.eager_steps(reference, torch.tensor([[1]], device=DEVICE), STEPS)
     model = hf.tiny(family).to(DEVICE, DTYPE)
     use_splitk_decode(model)
-    step = hf.CacheInputs(model)
+    if exported:
+        programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=1, initial_capacity=8, prefill=False)
+        targets = [node.target for node in programs["decode"].graph.nodes]
+        assert targets.count(torch.ops.zerokv.flash_decode.default) == model.config.num_hidden_layers
+        step = programs["decode"].module()
+    else:
+        step = hf.CacheInputs(model)
     # Poison past the committed positions: a read there would show. The capacity doubles halfway,
     # as a runtime-owned cache grows, with the committed rows carried over.
     caches = [torch.full(hf.cache_shape(model.config, 8), float("nan"), device=DEVICE, dtype=DTYPE)
