@@ -15,10 +15,12 @@ import sys
 
 import torch
 
+from tools.bench.decode_roofline_model import SHAPES
 from zerokv.kernels import flash_decode as fd
 
-QUERY_HEADS, KV_HEADS, HEAD_DIM = 32, 8, 64
-LAYERS = 16
+SHAPE = SHAPES["llama-3.2-1b"]
+QUERY_HEADS, KV_HEADS, HEAD_DIM = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], SHAPE["head_dim"]
+LAYERS = SHAPE["num_hidden_layers"]
 CAPACITY = 32768
 COMMITTED = [256, 1024, 4096, 8192, 16384]
 REPLAYS = 50
