@@ -170,6 +170,8 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
     (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n` and `num_warps`."""
     if splits < 1 or splits & (splits - 1):
         raise FlashDecodeError(f"flash_decode: {splits} splits; the combine takes a power of two")
+    if block_n < MIN_DOT_SIZE or block_n & (block_n - 1):
+        raise FlashDecodeError(f"flash_decode: block_n {block_n}; a tile is a power of two of {MIN_DOT_SIZE} or more")
     batch, query_heads, _, head_dim = query.shape
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = query_heads // kv_heads

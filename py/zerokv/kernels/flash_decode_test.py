@@ -106,11 +106,16 @@ def test_a_position_the_kernels_cannot_take_is_refused_by_name(position, named):
         fd.check_inputs(query, key, value, position)
 
 
-def test_splits_that_the_combine_cannot_take_are_refused_by_name():
+@pytest.mark.parametrize("splits, block_n, named", [
+    (3, 64, "3 splits; the combine takes a power of two"),
+    (4, 48, "block_n 48; a tile is a power of two of 16 or more"),
+    (4, 8, "block_n 8; a tile is a power of two of 16 or more"),
+])
+def test_launch_parameters_the_kernels_cannot_take_are_refused_by_name(splits, block_n, named):
     query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
     out = torch.empty(1, 1, 8, 16, device=DEVICE, dtype=torch.float16)
-    with pytest.raises(FlashDecodeError, match="flash_decode: 3 splits; the combine takes a power of two"):
-        fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, 3)
+    with pytest.raises(FlashDecodeError, match=f"flash_decode: {named}"):
+        fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, splits, block_n=block_n)
 
 
 @pytest.mark.skipif(not CUDA, reason="the operator's kernels compiled for CUDA: under the interpreter or without CUDA")
