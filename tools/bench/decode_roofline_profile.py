@@ -2,7 +2,7 @@
 
     decode_roofline_profile.py OUT [--shape llama-3.2-1b] [--max-cache 32768] [--detail 4096] POSITION...
 
-The step is the static-cache program of decode_roofline_programs.py (split-K decode attention,
+The step is the static-cache program of decode_roofline_programs.py (zerokv's decode kernels,
 bfloat16), compiled with the Inductor options the zerokv engine uses (coordinate-descent tuning) by
 torch.compile instead of AOTInductor: the same lowering, loaded in Python, where the PyTorch
 profiler sees each kernel. It is captured as one CUDA graph and replayed at each POSITION.
@@ -20,17 +20,15 @@ from collections import defaultdict
 import torch
 
 from tools.bench import decode_roofline_model as bench_model
-from tools.bench.decode_roofline_programs import StaticCacheStep
+from tools.bench.decode_roofline_programs import StaticCacheStep, use_decode_kernels
 
 REPLAYS = 30
 PROFILED_REPLAYS = 10
 
 
 def _step(shape, max_cache):
-    from zerokv.executorch.hf_decode_attention import use_splitk_decode
-
     model = bench_model.build(shape, device="cuda")
-    use_splitk_decode(model)
+    use_decode_kernels(model)
     step = StaticCacheStep(model, max_cache).cuda().eval()
     compiled = torch.compile(step, fullgraph=True, dynamic=False,
                              options={"coordinate_descent_tuning": True, "triton.cudagraphs": False})

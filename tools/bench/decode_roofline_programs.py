@@ -4,9 +4,10 @@ GPU machine (torch with CUDA and Triton, transformers, the executorch wheel):
     decode_roofline_programs.py DIR [--shape llama-3.2-1b] [--max-cache 32768] [--initial-capacity 256]
 
 Each is one decode step of the model (tools/bench/decode_roofline_model.py) compiled by AOTInductor
-for CUDA, its full-attention layers on zerokv's split-K decode kernels (hf_decode_attention), its
-one-token matrix products as tuned Triton reductions (engine option coordinate_descent_tuning), its
-runs captured as CUDA graphs (engine option cuda_graph):
+for CUDA, its full-attention layers on zerokv's split-K decode kernels (hf_decode_attention), its linear layers
+on zerokv's matrix-vector kernel (hf_decode_linear), Inductor's own kernels tuned by coordinate
+descent (engine option coordinate_descent_tuning), its runs captured as CUDA graphs (engine option
+cuda_graph):
   DIR/runtime_owned/decode.pte (+ .ptd): over runtime-owned caches, grown by doubling from
     --initial-capacity to --max-cache; one engine for every capacity, attention over the committed
     positions only.
@@ -53,11 +54,18 @@ class StaticCacheStep(torch.nn.Module):
         return self.step(input_ids, cache_position, *(getattr(self, name) for name in self.names))
 
 
-def _model(shape):
+def use_decode_kernels(model):
+    """zerokv's decode kernels in `model`: split-K decode attention and one-token linear layers."""
     from zerokv.executorch.hf_decode_attention import use_splitk_decode
+    from zerokv.executorch.hf_decode_linear import use_matvec_decode
 
-    model = bench_model.build(shape, device="cuda").cpu()  # exported on the CPU, compiled for CUDA
     use_splitk_decode(model)
+    use_matvec_decode(model)
+
+
+def _model(shape):
+    model = bench_model.build(shape, device="cuda").cpu()  # exported on the CPU, compiled for CUDA
+    use_decode_kernels(model)
     return model
 
 

@@ -261,17 +261,20 @@ def export_step(model, tokens, max_capacity: int, max_tokens: int, slots: int):
     sliding = sliding_layers(config)
     wrapper = CacheInputs(model).eval()
     extents = [slots if ring else max_capacity for ring in sliding for _ in "kv"]
-    caches = tuple(torch.zeros(cache_shape(config, extent), dtype=model.dtype) for extent in extents)
+    # On the model's device: a program exported from a CUDA model runs there as a module.
+    device = model.device
+    caches = tuple(torch.zeros(cache_shape(config, extent), dtype=model.dtype, device=device) for extent in extents)
     capacity = torch.export.Dim("capacity", min=2, max=max_capacity)
     ring = torch.export.Dim("ring", min=2, max=slots) if any(sliding) else None
     width = torch.export.Dim("tokens", min=2, max=max_tokens) if tokens > 1 else None
     kwargs, dynamic_kwargs = {}, {}
     if any(sliding):
-        kwargs[RING_SLOTS_INPUT] = torch.arange(tokens)
+        kwargs[RING_SLOTS_INPUT] = torch.arange(tokens, device=device)
         dynamic_kwargs[RING_SLOTS_INPUT] = {0: width} if width else None
     with torch.no_grad():
         return torch.export.export(
-            wrapper, (torch.zeros(1, tokens, dtype=torch.long), torch.arange(tokens), *caches), kwargs=kwargs,
+            wrapper, (torch.zeros(1, tokens, dtype=torch.long, device=device), torch.arange(tokens, device=device),
+                      *caches), kwargs=kwargs,
             dynamic_shapes={"input_ids": {1: width} if width else None,
                             "cache_position": {0: width} if width else None,
                             "caches": tuple({2: ring if is_ring else capacity}

@@ -2,7 +2,7 @@
 (TRITON_INTERPRET=1, as the Bazel target sets it) the kernels run on the CPU in float16 (the
 interpreter's bfloat16 tl.dot is wrong), which checks the chunking, masking and combine; without it,
 on a CUDA machine, they run compiled in bfloat16 and float16. That the kernels compile for the GPU is
-flash_decode_compile_test's."""
+compile_test's."""
 
 import os
 

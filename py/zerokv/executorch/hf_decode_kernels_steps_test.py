@@ -1,8 +1,7 @@
-"""A Hugging Face decoder switched to split-K decode attention decodes as eager does, step by step
-over caches longer than what is committed, and across a growth of their capacity: run as it is,
-and as the decode method zerokv exports (hf_decoders.export_programs: one program, its capacity
-dynamic). Under Triton's
-interpreter (TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is
+"""A Hugging Face decoder switched to zerokv's decode kernels (split-K decode attention, one-token
+linear layers) decodes as eager does, step by step over caches longer than what is committed, and
+across a growth of their capacity: run as it is, and as the decode method zerokv exports
+(hf_decoders.export_programs: one program, its capacity dynamic). Under Triton's interpreter (TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is
 imported) on the CPU in float16; without it, on a CUDA machine, compiled in bfloat16."""
 
 import os
@@ -12,6 +11,7 @@ import torch
 
 from zerokv.executorch import hf_decoders as hf
 from zerokv.executorch.hf_decode_attention import use_splitk_decode
+from zerokv.executorch.hf_decode_linear import use_matvec_decode
 
 INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
 if not (INTERPRET or torch.cuda.is_available()):
@@ -28,10 +28,12 @@ def test_decode_steps_match_eager_across_a_growth(family, exported):
     want, tokens = hf.eager_steps(reference, torch.tensor([[1]], device=DEVICE), STEPS)
     model = hf.tiny(family).to(DEVICE, DTYPE)
     use_splitk_decode(model)
+    linear_layers = use_matvec_decode(model)
     if exported:
         programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=1, initial_capacity=8, prefill=False)
         targets = [node.target for node in programs["decode"].graph.nodes]
         assert targets.count(torch.ops.zerokv.flash_decode.default) == model.config.num_hidden_layers
+        assert targets.count(torch.ops.zerokv.matvec.default) == linear_layers
         step = programs["decode"].module()
     else:
         step = hf.CacheInputs(model)

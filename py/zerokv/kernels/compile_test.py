@@ -1,4 +1,4 @@
-"""zerokv::flash_decode's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
+"""zerokv::flash_decode's and zerokv::matvec's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
 PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test) checks
 what they compute but not their types: a scale that Inductor passes as float64 once changed a
 loop-carried value's type, which only the compiler refuses. Compiled kernels take no CPU tensors:
@@ -17,6 +17,7 @@ from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from zerokv.kernels import flash_decode as fd  # noqa: E402
+from zerokv.kernels import matvec as mv  # noqa: E402
 
 H200 = GPUTarget("cuda", 90, 32)
 LLAMA_1B = {"SPLITS": 64, "GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": 64}
@@ -55,8 +56,20 @@ def test_the_combine_kernel_compiles_for_the_h200(dtype):
     assert ".entry _combine_kernel" in compiled.asm["ptx"]
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
+@pytest.mark.parametrize("inputs", [2048, 100])  # whole blocks of columns, and a partial one
+def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs):
+    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}", "int": "i32"}
+    block_n, block_k, num_warps = mv.config_for(2048, inputs)
+    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "HAS_BIAS": True, "BLOCK_N": block_n,
+                                                   "BLOCK_K": block_k, "EVEN_K": inputs % block_k == 0}, num_warps)
+    assert ".entry _matvec_kernel" in compiled.asm["ptx"]
+
+
 def test_without_the_interpreter_cpu_tensors_are_refused_by_name():
     query = torch.zeros(1, 4, 1, 16, dtype=torch.float16)
     key = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
     with pytest.raises(fd.FlashDecodeError, match="flash_decode: the kernels run on CUDA devices, .* not on cpu"):
         torch.ops.zerokv.flash_decode(query, key, key, torch.tensor([3]), 0.25)
+    with pytest.raises(mv.MatvecError, match="matvec: the kernel runs on CUDA devices, .* not on cpu"):
+        torch.ops.zerokv.matvec(torch.zeros(8), torch.zeros(4, 8), None)

@@ -1,0 +1,51 @@
+"""One-token linear layers: which products take zerokv::matvec, which keep torch's linear, and what is
+refused. On the CPU the kernel runs under Triton's interpreter (TRITON_INTERPRET=1, which the Bazel
+target sets). A switched decoder's steps are checked against eager by hf_decode_kernels_steps_test."""
+
+import pytest
+import torch
+
+from zerokv.executorch import hf_decoders as hf
+from zerokv.executorch.hf_decode_linear import DecodeLinearError, MatvecLinear, use_matvec_decode
+
+
+def _switched(family="llama"):
+    model = hf.tiny(family).to(torch.float16)
+    return model, use_matvec_decode(model)
+
+
+def test_every_linear_layer_is_switched_and_keeps_its_parameters():
+    model, switched = _switched()
+    names = dict(model.named_parameters())
+    linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
+    assert switched == len(linears) == 7 * model.config.num_hidden_layers + 1
+    assert all(type(module) is MatvecLinear for module in linears)
+    assert dict(model.named_parameters()).keys() == names.keys()
+
+
+@pytest.mark.parametrize("bias", [False, True])
+def test_one_row_takes_the_kernel_and_several_keep_linear(bias):
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(64, 24, bias=bias, dtype=torch.float16)
+    layer.__class__ = MatvecLinear
+    for rows in (1, 3):
+        x = torch.randn(1, rows, 64, dtype=torch.float16)
+        want = torch.nn.functional.linear(x.float(), layer.weight.float(), None if layer.bias is None else layer.bias.float())
+        torch.testing.assert_close(layer(x).float(), want, rtol=2e-2, atol=2e-2)
+    ops = [node.target for node in torch.export.export(layer, (torch.randn(1, 1, 64, dtype=torch.float16),)).graph.nodes]
+    assert torch.ops.zerokv.matvec.default in ops
+
+
+def test_the_decode_program_takes_the_kernel_and_prefill_keeps_linear():
+    model, switched = _switched()
+    programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=4, initial_capacity=8)
+    counts = {name: [node.target for node in program.graph.nodes].count(torch.ops.zerokv.matvec.default)
+              for name, program in programs.items()}
+    assert counts == {"prefill": 0, "decode": switched}
+
+
+def test_a_model_the_kernel_cannot_take_is_refused_by_name():
+    model = hf.tiny("llama").to(torch.float64)
+    with pytest.raises(DecodeLinearError, match="llama: one-token linear layers: the model is torch.float64"):
+        use_matvec_decode(model)
+    assert not any(isinstance(module, MatvecLinear) for module in model.modules())

@@ -1,0 +1,132 @@
+"""One token's linear layer, `x @ weight.T + bias`, read at the memory's bandwidth.
+
+`torch.ops.zerokv.matvec(x, weight, bias)` takes `x` [..., K] holding one row (a decode step of one
+token), `weight` [N, K] as nn.Linear stores it, and an optional `bias` [N]; it returns [..., N] in
+x's dtype, accumulated in float32. It is a `torch.library.triton_op`, so AOTInductor compiles its
+kernel into the engine like its own.
+
+Why: a one-token step reads every weight once and does two flops per weight read, so its matrix
+products are bound by the memory's bandwidth. Inductor lowers them as reductions (with
+coordinate-descent tuning) or to cuBLAS. Alone, Inductor's reduction reads as fast as this kernel
+(//tools/bench:matvec_bench), but in a decoder it takes in the pointwise work that makes its input
+(the RMS norm's scaling, SiLU(gate) * up) and does it again for every row of the weight: on the
+H200 those products took twice their time alone (results/h200/profile.md). The input of a
+`triton_op` is a tensor, so Inductor computes it once, before. cuBLAS was slower than both on every
+shape but the output head. Each program reads BLOCK_N whole rows of the weight, BLOCK_K columns at
+a time, once and contiguously; `x` (a few KiB) stays in the cache.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch.library import triton_op, wrap_triton
+from triton.runtime.interpreter import InterpretedFunction
+
+from zerokv.kernels.matvec_contract import DTYPES, MatvecError
+
+# Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
+# shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
+# shape (//tools/bench:matvec_bench, results/h200/matvec_bench.md): [8192, 2048] in 9.3 us (3.6
+# TB/s), [2048, 8192] in 9.8, [2048, 2048] in 3.9, [512, 2048] in 2.1.
+BLOCK_N = 2
+BLOCK_K = 1024
+NUM_WARPS = 4
+
+
+@triton.jit
+def _matvec_kernel(X, W, Bias, Y, N, stride_wn, K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    inside_rows = rows < N
+    columns = tl.arange(0, BLOCK_K)
+    # In 64 bits: an embedding-sized weight (the output head) passes 2**31 elements.
+    row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    for start in range(0, K, BLOCK_K):
+        if EVEN_K:
+            x = tl.load(X + start + columns)
+            w = tl.load(row_starts + start + columns[None, :], mask=inside_rows[:, None], other=0.0,
+                        eviction_policy="evict_first")
+        else:
+            inside_columns = start + columns < K
+            x = tl.load(X + start + columns, mask=inside_columns, other=0.0)
+            w = tl.load(row_starts + start + columns[None, :], mask=inside_rows[:, None] & inside_columns[None, :],
+                        other=0.0, eviction_policy="evict_first")
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+    y = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=inside_rows)
+
+
+# Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
+INTERPRETED = isinstance(_matvec_kernel, InterpretedFunction)
+
+
+def check_inputs(x, weight, bias):
+    """Raises MatvecError naming what the kernel cannot take."""
+    problems = []
+    if x.dim() == 0 or x.numel() != x.shape[-1]:
+        problems.append(f"x must hold one row ([..., K], one token), not {list(x.shape)}")
+    if weight.dim() != 2:
+        problems.append(f"weight must be [N, K], not {list(weight.shape)}")
+    elif x.dim() and weight.shape[1] != x.shape[-1]:
+        problems.append(f"weight's shape {list(weight.shape)} does not take x's {x.shape[-1]} inputs")
+    elif weight.shape[0] == 0 or weight.shape[1] == 0:
+        problems.append(f"weight's shape {list(weight.shape)} is empty")
+    elif weight.stride(1) != 1:
+        problems.append(f"weight's rows must be contiguous (stride {weight.stride()})")
+    if bias is not None and (bias.dim() != 1 or weight.dim() != 2 or bias.shape[0] != weight.shape[0]):
+        problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
+    if x.dtype not in DTYPES:
+        problems.append(f"x is {x.dtype}; the kernel takes {' or '.join(map(str, DTYPES))}")
+    for name, tensor in (("weight", weight), ("bias", bias)):
+        if tensor is None:
+            continue
+        if tensor.dtype != x.dtype:
+            problems.append(f"{name} is {tensor.dtype}, x {x.dtype}")
+        if tensor.device != x.device:
+            problems.append(f"{name} is on {tensor.device}, x on {x.device}")
+    if problems:
+        raise MatvecError("matvec: " + "; ".join(problems))
+
+
+def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
+    """(block_n, block_k, num_warps) for a weight of `outputs` rows and `inputs` columns."""
+    return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
+
+
+def launch(x, weight, bias, out, block_n, block_k, num_warps, launcher=lambda kernel: kernel):
+    """Runs the kernel into `out` (N elements, contiguous). `launcher` wraps it (`wrap_triton` when
+    traced); //tools/bench:matvec_bench sweeps the launch parameters."""
+    for name, value in (("block_n", block_n), ("block_k", block_k)):
+        if value < 1 or value & (value - 1):
+            raise MatvecError(f"matvec: {name} {value} is not a power of two")
+    outputs, inputs = weight.shape
+    launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
+        x, weight, weight if bias is None else bias, out, outputs, weight.stride(0), K=inputs,
+        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        num_warps=num_warps)
+    return out
+
+
+def _check_device(device):
+    if device.type != "cuda" and not INTERPRETED:
+        raise MatvecError(f"matvec: the kernel runs on CUDA devices, or on the CPU under Triton's interpreter "
+                          f"(TRITON_INTERPRET=1 before it is imported); not on {device}")
+
+
+@triton_op("zerokv::matvec", mutates_args=())
+def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    check_inputs(x, weight, bias)
+    _check_device(x.device)
+    out = x.new_empty((*x.shape[:-1], weight.shape[0]))
+    return launch(x.contiguous(), weight, bias, out, *config_for(*weight.shape), launcher=wrap_triton)
+
+
+@matvec.register_fake
+def _(x, weight, bias=None):
+    check_inputs(x, weight, bias)
+    return x.new_empty((*x.shape[:-1], weight.shape[0]))

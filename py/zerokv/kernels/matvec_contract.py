@@ -1,0 +1,14 @@
+"""What zerokv::matvec takes, without importing Triton: a model is checked against it when its linear
+layers are switched to the kernel (zerokv.executorch.decode_linear), on machines that may lack Triton."""
+
+from __future__ import annotations
+
+import torch
+
+from zerokv.errors import ZeroKVError
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+class MatvecError(ZeroKVError, ValueError):
+    """zerokv::matvec cannot take these inputs; the message names the one at fault."""

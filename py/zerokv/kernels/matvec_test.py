@@ -1,0 +1,98 @@
+"""zerokv::matvec against torch's linear in float32. On the CPU the kernel runs under Triton's interpreter
+(TRITON_INTERPRET=1, which the Bazel target sets); on a CUDA machine (the gpu-tagged target) compiled."""
+
+import pytest
+import torch
+
+from zerokv.kernels import matvec as mv
+from zerokv.kernels.matvec_contract import MatvecError
+
+DEVICE = "cuda" if torch.cuda.is_available() and not mv.INTERPRETED else "cpu"
+if DEVICE == "cpu" and not mv.INTERPRETED:
+    pytest.skip("no CUDA device, and Triton's interpreter is off (TRITON_INTERPRET=1 runs the kernel on the CPU)",
+                allow_module_level=True)
+
+
+def _reference(x, weight, bias):
+    return torch.nn.functional.linear(x.float(), weight.float(), None if bias is None else bias.float())
+
+
+# (outputs, inputs, bias, dtype, x's shape before its K inputs)
+CASES = {
+    "even": (64, 256, False, torch.float16, (1, 1)),
+    "uneven rows and columns": (37, 100, True, torch.float16, (1,)),
+    "one output": (1, 64, True, torch.float32, ()),
+    "wide": (16, 2048, False, torch.bfloat16, (1, 1)),
+    "float32": (96, 48, False, torch.float32, (1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_matches_linear(case):
+    outputs, inputs, with_bias, dtype, leading = CASES[case]
+    torch.manual_seed(0)
+    weight = torch.randn(outputs, inputs, dtype=dtype, device=DEVICE) / inputs ** 0.5
+    bias = torch.randn(outputs, dtype=dtype, device=DEVICE) if with_bias else None
+    x = torch.randn(*leading, inputs, dtype=dtype, device=DEVICE)
+    got = torch.ops.zerokv.matvec(x, weight, bias)
+    assert got.shape == (*leading, outputs) and got.dtype == dtype
+    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(got.float(), _reference(x, weight, bias), rtol=tolerance, atol=tolerance)
+
+
+def test_reads_only_the_weights_rows_and_columns():
+    """The weight is a view into poisoned storage: NaN past its last row and its last column."""
+    torch.manual_seed(0)
+    storage = torch.full((40, 120), float("nan"), dtype=torch.float16, device=DEVICE)
+    weight = storage[:37, :100]
+    weight.copy_(torch.randn(37, 100, dtype=torch.float16))
+    x = torch.randn(100, dtype=torch.float16, device=DEVICE)
+    for block_n, block_k in ((8, 64), (16, 128), (64, 256)):
+        out = torch.empty(37, dtype=torch.float16, device=DEVICE)
+        mv.launch(x, weight, None, out, block_n, block_k, num_warps=4)
+        torch.testing.assert_close(out.float(), _reference(x, weight, None), rtol=2e-2, atol=2e-2)
+
+
+REFUSALS = {
+    "two rows": (lambda: (torch.zeros(2, 8), torch.zeros(4, 8), None), r"x must hold one row .* \[2, 8\]"),
+    "inputs": (lambda: (torch.zeros(1, 8), torch.zeros(4, 6), None), r"weight's shape \[4, 6\] does not take x's 8"),
+    "weight rank": (lambda: (torch.zeros(1, 8), torch.zeros(8), None), r"weight must be \[N, K\], not \[8\]"),
+    "empty": (lambda: (torch.zeros(1, 0), torch.zeros(4, 0), None), r"weight's shape \[4, 0\] is empty"),
+    "column-major weight": (lambda: (torch.zeros(1, 8), torch.zeros(8, 4).T, None), r"rows must be contiguous"),
+    "bias": (lambda: (torch.zeros(1, 8), torch.zeros(4, 8), torch.zeros(5)), r"bias's shape \[5\] is not \[N\]"),
+    "dtype": (lambda: (torch.zeros(1, 8, dtype=torch.int32), torch.zeros(4, 8, dtype=torch.int32), None),
+              r"x is torch.int32; the kernel takes"),
+    "mixed dtypes": (lambda: (torch.zeros(1, 8), torch.zeros(4, 8, dtype=torch.float16), None),
+                     r"weight is torch.float16, x torch.float32"),
+    "device": (lambda: (torch.zeros(1, 8), torch.zeros(4, 8, device="meta"), None), r"weight is on meta, x on cpu"),
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_refuses_by_name(case):
+    make, message = REFUSALS[case]
+    with pytest.raises(MatvecError, match=message):
+        torch.ops.zerokv.matvec(*make())
+
+
+def test_launch_refuses_a_block_that_is_not_a_power_of_two():
+    x, weight = torch.zeros(8, device=DEVICE), torch.zeros(4, 8, device=DEVICE)
+    with pytest.raises(MatvecError, match="block_k 96 is not a power of two"):
+        mv.launch(x, weight, None, torch.empty(4, device=DEVICE), 4, 96, num_warps=4)
+
+
+def test_exports_on_the_cpu():
+    """The decode programs are exported from CPU tensors and compiled for CUDA: the op's fake asks no
+    device."""
+
+    class Step(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.weight = torch.nn.Parameter(torch.randn(32, 64))
+
+        def forward(self, x):
+            return torch.ops.zerokv.matvec(x, self.weight, None)
+
+    program = torch.export.export(Step(), (torch.randn(1, 1, 64),))
+    targets = [node.target for node in program.graph.nodes if node.op == "call_function"]
+    assert torch.ops.zerokv.matvec.default in targets

@@ -1,0 +1,107 @@
+"""One token's linear layers alone on a CUDA GPU: zerokv::matvec beside cuBLAS (torch's linear) and
+Inductor's lowering with coordinate-descent tuning (a reduction, what the decode bench's engines
+used before), over Llama-3.2-1B's weight shapes in bfloat16 (prints a table; not a test):
+
+    bazel run --config=gpu //tools/bench:matvec_bench
+
+Each cell is one CUDA graph of a layer shape's products over LAYERS distinct weights (as in a step,
+so that no weight is still in the L2 cache when it is read again), replayed: microseconds per
+product and the weight's bytes divided by that time (TB/s). Rows named `zerokv n=N k=K w=W` sweep
+the kernel's launch parameters; `zerokv (defaults)` is what the op launches (matvec.config_for).
+"""
+
+import torch
+
+from tools.bench.decode_roofline_model import SHAPES
+from zerokv.kernels import matvec as mv
+
+SHAPE = SHAPES["llama-3.2-1b"]
+HIDDEN, FFN, VOCAB = SHAPE["hidden_size"], SHAPE["intermediate_size"], SHAPE["vocab_size"]
+KV_WIDTH = SHAPE["num_key_value_heads"] * SHAPE["head_dim"]
+LAYERS = SHAPE["num_hidden_layers"]
+# (name, outputs, inputs, weights per graph): the output head is read once per step, and is larger
+# than the L2 cache on its own.
+PRODUCTS = [("q/o", HIDDEN, HIDDEN, LAYERS), ("k/v", KV_WIDTH, HIDDEN, LAYERS), ("gate/up", FFN, HIDDEN, LAYERS),
+            ("down", HIDDEN, FFN, LAYERS), ("lm_head", VOCAB, HIDDEN, 1)]
+SWEEP = [(block_n, block_k, warps) for block_n in (1, 2, 4, 8, 16, 32) for block_k in (256, 512, 1024)
+         for warps in (4, 8) if 8 <= block_n * block_k // (32 * warps) <= 128]
+REPLAYS = 20
+
+
+def _graph(step):
+    step()  # compiles and loads the kernels outside the capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        step()
+    return graph
+
+
+def _microseconds_per_product(graph, products):
+    graph.replay()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(REPLAYS):
+        graph.replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) * 1000 / REPLAYS / products
+
+
+def _cell(step, weights, out, x):
+    micros = _microseconds_per_product(_graph(step), len(weights))
+    want = x.float() @ weights[-1].float().T
+    torch.testing.assert_close((out() if callable(out) else out).float(), want, rtol=2e-2, atol=5e-2)
+    return f"{micros:.1f} ({weights[0].numel() * weights[0].element_size() / micros / 1e6:.2f})"
+
+
+def main():
+    import torch._inductor.config
+
+    torch.manual_seed(0)
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}; weights in bfloat16")
+    columns = [f"{name} [{outputs}, {inputs}]" for name, outputs, inputs, _ in PRODUCTS]
+    print("| variant | " + " | ".join(f"{column}: us (TB/s)" for column in columns) + " |")
+    print("|---|" + "---:|" * len(PRODUCTS))
+    rows = {}
+    for name, outputs, inputs, count in PRODUCTS:
+        weights = [torch.randn(outputs, inputs, device="cuda", dtype=torch.bfloat16) / inputs ** 0.5
+                   for _ in range(count)]
+        x = torch.randn(1, inputs, device="cuda", dtype=torch.bfloat16)
+        out = torch.empty(1, outputs, device="cuda", dtype=torch.bfloat16)
+
+        def linear_step():
+            for weight in weights:
+                torch.mm(x, weight.T, out=out)
+
+        with torch._inductor.config.patch(coordinate_descent_tuning=True):
+            compiled = torch.compile(lambda x, weight: torch.nn.functional.linear(x, weight), dynamic=False)
+            compiled(x, weights[0])
+
+        inductor_out = []
+
+        def inductor_step():
+            inductor_out[:] = [compiled(x, weight) for weight in weights][-1:]
+
+        def zerokv_step(block_n, block_k, warps):
+            def step():
+                for weight in weights:
+                    mv.launch(x, weight, None, out, block_n, block_k, warps)
+            return step
+
+        rows.setdefault("cuBLAS (torch linear)", []).append(_cell(linear_step, weights, out, x))
+        rows.setdefault("Inductor, coordinate descent", []).append(
+            _cell(inductor_step, weights, lambda: inductor_out[0], x))
+        rows.setdefault("zerokv (defaults)", []).append(
+            _cell(zerokv_step(*mv.config_for(outputs, inputs)), weights, out, x))
+        for block_n, block_k, warps in SWEEP:
+            rows.setdefault(f"zerokv n={block_n} k={block_k} w={warps}", []).append(
+                _cell(zerokv_step(block_n, block_k, warps), weights, out, x))
+        del weights
+        torch.cuda.empty_cache()
+    for name, cells in rows.items():
+        print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
