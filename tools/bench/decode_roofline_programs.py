@@ -2,6 +2,7 @@
 GPU machine (torch with CUDA and Triton, transformers, the executorch wheel):
 
     decode_roofline_programs.py DIR [--shape llama-3.2-1b] [--max-cache 32768] [--initial-capacity 256]
+                                    [--linear matvec|torch]
 
 Each is one decode step of the model (tools/bench/decode_roofline_model.py) compiled by AOTInductor
 for CUDA, its full-attention layers on zerokv's split-K decode kernels (hf_decode_attention), its linear layers
@@ -54,18 +55,20 @@ class StaticCacheStep(torch.nn.Module):
         return self.step(input_ids, cache_position, *(getattr(self, name) for name in self.names))
 
 
-def use_decode_kernels(model):
-    """zerokv's decode kernels in `model`: split-K decode attention and one-token linear layers."""
+def use_decode_kernels(model, linear="matvec"):
+    """zerokv's decode kernels in `model`: split-K decode attention and, with linear="matvec",
+    one-token linear layers ("torch": Inductor's own lowering of them)."""
     from zerokv.executorch.hf_decode_attention import use_splitk_decode
     from zerokv.executorch.hf_decode_linear import use_matvec_decode
 
     use_splitk_decode(model)
-    use_matvec_decode(model)
+    if linear == "matvec":
+        use_matvec_decode(model)
 
 
-def _model(shape):
+def _model(shape, linear):
     model = bench_model.build(shape, device="cuda").cpu()  # exported on the CPU, compiled for CUDA
-    use_decode_kernels(model)
+    use_decode_kernels(model, linear)
     return model
 
 
@@ -78,11 +81,11 @@ def _engine_options():
     return {"compile_device": "cuda", "cuda_graph": True, "coordinate_descent_tuning": True}
 
 
-def export_runtime_owned(directory, shape, max_cache, initial_capacity):
+def export_runtime_owned(directory, shape, linear, max_cache, initial_capacity):
     import zerokv.executorch as zx
     from zerokv.executorch import hf_decoders as hf
 
-    model = _model(shape)
+    model = _model(shape, linear)
     programs, runtime_kv = hf.export_programs(model, max_cache, 1, initial_capacity, prefill=False)
     manager = zx.export(programs, engine="aoti", engine_options=_engine_options(), runtime_kv=runtime_kv)
     os.makedirs(directory, exist_ok=True)
@@ -90,11 +93,11 @@ def export_runtime_owned(directory, shape, max_cache, initial_capacity):
     return "runtime-owned"
 
 
-def export_static(directory, shape, max_cache, zero_copy):
+def export_static(directory, shape, linear, max_cache, zero_copy):
     import zerokv.executorch as zx
     from zerokv.executorch.delegates import sole_delegate_blob
 
-    model = _model(shape)
+    model = _model(shape, linear)
     with torch.no_grad():
         program = torch.export.export(StaticCacheStep(model, max_cache).eval(),
                                       (torch.zeros(1, 1, dtype=torch.long), torch.tensor([0])))
@@ -133,11 +136,13 @@ def main():
     parser.add_argument("--shape", default="llama-3.2-1b", choices=sorted(bench_model.SHAPES))
     parser.add_argument("--max-cache", type=int, default=32768)
     parser.add_argument("--initial-capacity", type=int, default=256)
+    parser.add_argument("--linear", default="matvec", choices=["matvec", "torch"],
+                        help="the linear layers on zerokv::matvec, or left to Inductor (to measure the kernel)")
     args = parser.parse_args()
-    jobs = [(export_runtime_owned, os.path.join(args.out, "runtime_owned"), args.shape, args.max_cache,
-             args.initial_capacity),
-            (export_static, os.path.join(args.out, "static"), args.shape, args.max_cache, True),
-            (export_static, os.path.join(args.out, "static"), args.shape, args.max_cache, False),
+    jobs = [(export_runtime_owned, os.path.join(args.out, "runtime_owned"), args.shape, args.linear,
+             args.max_cache, args.initial_capacity),
+            (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache, True),
+            (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache, False),
             (write_reference, os.path.join(args.out, "reference"), args.shape)]
     failed = False
     with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
