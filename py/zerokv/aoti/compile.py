@@ -38,6 +38,7 @@ from torch.export.passes import move_to_device_pass  # torch 2.11 does not impor
 from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
+from zerokv.aoti.int_array_declarations import writers_kept_alive
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 
@@ -112,19 +113,20 @@ def compile_aoti(
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
     }
     args, kwargs = program.example_inputs
-    files = torch._inductor.aot_compile(
-        program.module(check_guards=False),
-        args,
-        kwargs,
-        options={
-            "aot_inductor.package": True,
-            "aot_inductor.metadata": metadata,
-            "aot_inductor.package_constants_in_so": False,
-            # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
-            "aot_inductor.package_constants_on_disk_format": "pickle_weights",
-            "coordinate_descent_tuning": coordinate_descent_tuning,
-        },
-    )
+    with writers_kept_alive():
+        files = torch._inductor.aot_compile(
+            program.module(check_guards=False),
+            args,
+            kwargs,
+            options={
+                "aot_inductor.package": True,
+                "aot_inductor.metadata": metadata,
+                "aot_inductor.package_constants_in_so": False,
+                # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
+                "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+                "coordinate_descent_tuning": coordinate_descent_tuning,
+            },
+        )
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):
         for name, (tensor, _) in weights.items():
