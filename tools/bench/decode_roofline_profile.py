@@ -1,6 +1,7 @@
 """Where the bench's decode step spends its time, kernel by kernel, on the GPU machine:
 
-    decode_roofline_profile.py OUT [--shape llama-3.2-1b] [--max-cache 32768] [--detail 4096] POSITION...
+    decode_roofline_profile.py OUT [--shape llama-3.2-1b] [--max-cache 32768] [--detail 4096]
+                               [--linear matvec|torch] POSITION...
 
 The step is the static-cache program of decode_roofline_programs.py (zerokv's decode kernels,
 bfloat16), compiled with the Inductor options the zerokv engine uses (coordinate-descent tuning) by
@@ -26,9 +27,9 @@ REPLAYS = 30
 PROFILED_REPLAYS = 10
 
 
-def _step(shape, max_cache):
+def _step(shape, max_cache, linear):
     model = bench_model.build(shape, device="cuda")
-    use_decode_kernels(model)
+    use_decode_kernels(model, linear)
     step = StaticCacheStep(model, max_cache).cuda().eval()
     compiled = torch.compile(step, fullgraph=True, dynamic=False,
                              options={"coordinate_descent_tuning": True, "triton.cudagraphs": False})
@@ -84,15 +85,17 @@ def main():
     parser.add_argument("--shape", default="llama-3.2-1b", choices=sorted(bench_model.SHAPES))
     parser.add_argument("--max-cache", type=int, default=32768)
     parser.add_argument("--detail", type=int, default=4096)
+    parser.add_argument("--linear", default="matvec", choices=["matvec", "torch"],
+                        help="the linear layers on zerokv::matvec, or left to Inductor (to measure the kernel)")
     args = parser.parse_args()
     if not torch.cuda.is_available():
         print("decode_roofline_profile: needs a CUDA GPU", file=sys.stderr)
         return 2
-    compiled = _step(args.shape, args.max_cache)
+    compiled = _step(args.shape, args.max_cache, args.linear)
     token = torch.zeros(1, 1, dtype=torch.long, device="cuda")
     position = torch.tensor([args.positions[0]], device="cuda")
-    lines = [f"Decode step of {args.shape} over a static cache of {args.max_cache} positions, "
-             f"{torch.cuda.get_device_name()}, torch {torch.__version__}", "",
+    lines = [f"Decode step of {args.shape} over a static cache of {args.max_cache} positions, linear layers on "
+             f"{args.linear}, {torch.cuda.get_device_name()}, torch {torch.__version__}", "",
              "| position | graph replay ms | kernels ms | launches |", "| ---: | ---: | ---: | ---: |"]
     detail = None
     with torch.no_grad():
