@@ -9,7 +9,8 @@ depending on where the allocator put the buffers (pytorch/pytorch#193621, open i
 2.13). It failed one of two exports of the same staged decode program on the H200.
 
 `writers_kept_alive()` keeps every writer the cache has seen alive for the compile, so no id is
-reused and a cached name was always declared in the buffer asking for it.
+reused and a cached name was always declared in the buffer asking for it. The key's other id, the
+graph's, is left as it is: the writers' reuse is what failed.
 """
 
 from __future__ import annotations

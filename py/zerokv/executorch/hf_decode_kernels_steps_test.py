@@ -1,8 +1,9 @@
 """A Hugging Face decoder switched to zerokv's decode kernels (split-K decode attention, one-token
 linear layers) decodes as eager does, step by step over caches longer than what is committed, and
 across a growth of their capacity: run as it is, and as the decode method zerokv exports
-(hf_decoders.export_programs: one program, its capacity dynamic). Under Triton's interpreter (TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is
-imported) on the CPU in float16; without it, on a CUDA machine, compiled in bfloat16."""
+(hf_decoders.export_programs: one program, its capacity dynamic). Under Triton's interpreter
+(TRITON_INTERPRET=1, as the Bazel target sets it: it must be set before Triton is imported) on the
+CPU in float16; without it, on a CUDA machine, compiled in bfloat16."""
 
 import os
 

@@ -8,7 +8,9 @@ of several rows (prefill) keep torch's linear. The module keeps its parameters a
 the program's weights are what they were.
 
 The kernel is for CUDA (on the CPU only under Triton's interpreter) and the dtypes in
-zerokv.kernels.matvec_contract; anything else is refused by name when the model is switched.
+zerokv.kernels.matvec_contract: a model of another dtype, or a machine that cannot run the kernel,
+is refused by name when the model is switched; a layer the kernel cannot take (one whose weight's
+dtype is not its input's) is refused by name by the kernel, at export or at its first step.
 """
 
 from __future__ import annotations

@@ -14,13 +14,11 @@ def _switched(family="llama"):
     return model, use_matvec_decode(model)
 
 
-def test_every_linear_layer_is_switched_and_keeps_its_parameters():
+def test_every_linear_layer_is_switched():
     model, switched = _switched()
-    names = dict(model.named_parameters())
     linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
     assert switched == len(linears) == 7 * model.config.num_hidden_layers + 1
     assert all(type(module) is MatvecLinear for module in linears)
-    assert dict(model.named_parameters()).keys() == names.keys()
 
 
 @pytest.mark.parametrize("bias", [False, True])

@@ -1,5 +1,5 @@
 """zerokv::flash_decode's and zerokv::matvec's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
-PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test) checks
+PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test, matvec_test) checks
 what they compute but not their types: a scale that Inductor passes as float64 once changed a
 loop-carried value's type, which only the compiler refuses. Compiled kernels take no CPU tensors:
 the operator refuses them by name."""
@@ -58,10 +58,12 @@ def test_the_combine_kernel_compiles_for_the_h200(dtype):
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("inputs", [2048, 100])  # whole blocks of columns, and a partial one
-def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs):
-    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}", "int": "i32"}
+@pytest.mark.parametrize("integers", ["i32", "i64"])
+@pytest.mark.parametrize("bias", [True, False])
+def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias):
+    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}", "int": integers}
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
-    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "HAS_BIAS": True, "BLOCK_N": block_n,
+    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "HAS_BIAS": bias, "BLOCK_N": block_n,
                                                    "BLOCK_K": block_k, "EVEN_K": inputs % block_k == 0}, num_warps)
     assert ".entry _matvec_kernel" in compiled.asm["ptx"]
 

@@ -7,12 +7,14 @@ kernel into the engine like its own.
 
 Why: a one-token step reads every weight once and does two flops per weight read, so its matrix
 products are bound by the memory's bandwidth. Inductor lowers them as reductions (with
-coordinate-descent tuning) or to cuBLAS. Alone, Inductor's reduction reads as fast as this kernel
-(//tools/bench:matvec_bench), but in a decoder it takes in the pointwise work that makes its input
-(the RMS norm's scaling, SiLU(gate) * up) and does it again for every row of the weight: on the
-H200 those products took twice their time alone (results/h200/profile.md). The input of a
-`triton_op` is a tensor, so Inductor computes it once, before. cuBLAS was slower than both on every
-shape but the output head. Each program reads BLOCK_N whole rows of the weight, BLOCK_K columns at
+coordinate-descent tuning) or to cuBLAS. Alone, Inductor's reduction reads the large weights about
+as fast as this kernel (//tools/bench:matvec_bench; K and V's [512, 2048] took 3.5 us against 2.1),
+but in a decoder it takes in the pointwise work that makes its input (the RMS norm's scaling,
+SiLU(gate) * up) and does it again for every row of the weight: on the H200 the down projection
+that computes SiLU(gate) * up took 13.3 us (results/h200/profile_ab_torch_linear.md) and 19.3 us in
+another compile (profile.md at 745c90e), against 9.5 alone. The input of a `triton_op` is a tensor,
+so Inductor computes it once, before. cuBLAS was slower than both on every shape but the output
+head. Each program reads BLOCK_N whole rows of the weight, BLOCK_K columns at
 a time, once and contiguously; `x` (a few KiB) stays in the cache.
 """
 
@@ -41,7 +43,8 @@ def _matvec_kernel(X, W, Bias, Y, N, stride_wn, K: tl.constexpr,
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
     columns = tl.arange(0, BLOCK_K)
-    # In 64 bits: an embedding-sized weight (the output head) passes 2**31 elements.
+    # In 64 bits: an output head of 2**31 elements or more (a vocabulary of 262144 over a hidden
+    # size of 8192) would wrap in 32.
     row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for start in range(0, K, BLOCK_K):
@@ -76,7 +79,7 @@ def check_inputs(x, weight, bias):
         problems.append(f"weight's shape {list(weight.shape)} does not take x's {x.shape[-1]} inputs")
     elif weight.shape[0] == 0 or weight.shape[1] == 0:
         problems.append(f"weight's shape {list(weight.shape)} is empty")
-    elif weight.stride(1) != 1:
+    elif weight.stride(1) != 1 and weight.shape[1] > 1:
         problems.append(f"weight's rows must be contiguous (stride {weight.stride()})")
     if bias is not None and (bias.dim() != 1 or weight.dim() != 2 or bias.shape[0] != weight.shape[0]):
         problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
@@ -123,7 +126,8 @@ def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     check_inputs(x, weight, bias)
     _check_device(x.device)
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    return launch(x.contiguous(), weight, bias, out, *config_for(*weight.shape), launcher=wrap_triton)
+    return launch(x.contiguous(), weight, None if bias is None else bias.contiguous(), out,
+                  *config_for(*weight.shape), launcher=wrap_triton)
 
 
 @matvec.register_fake

@@ -1,5 +1,5 @@
 """What zerokv::matvec takes, without importing Triton: a model is checked against it when its linear
-layers are switched to the kernel (zerokv.executorch.decode_linear), on machines that may lack Triton."""
+layers are switched to the kernel (zerokv.executorch.hf_decode_linear), on machines that may lack Triton."""
 
 from __future__ import annotations
 

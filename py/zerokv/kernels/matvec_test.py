@@ -55,6 +55,7 @@ def test_reads_only_the_weights_rows_and_columns():
 
 REFUSALS = {
     "two rows": (lambda: (torch.zeros(2, 8), torch.zeros(4, 8), None), r"x must hold one row .* \[2, 8\]"),
+    "scalar x": (lambda: (torch.tensor(1.0), torch.zeros(4, 1), None), r"x must hold one row .* not \[\]"),
     "inputs": (lambda: (torch.zeros(1, 8), torch.zeros(4, 6), None), r"weight's shape \[4, 6\] does not take x's 8"),
     "weight rank": (lambda: (torch.zeros(1, 8), torch.zeros(8), None), r"weight must be \[N, K\], not \[8\]"),
     "empty": (lambda: (torch.zeros(1, 0), torch.zeros(4, 0), None), r"weight's shape \[4, 0\] is empty"),
@@ -73,6 +74,22 @@ def test_refuses_by_name(case):
     make, message = REFUSALS[case]
     with pytest.raises(MatvecError, match=message):
         torch.ops.zerokv.matvec(*make())
+
+
+def test_strided_inputs_are_read_as_their_values():
+    """A one-row x and a bias that are views with strides: what the kernel reads is their values."""
+    torch.manual_seed(0)
+    weight = torch.randn(24, 64, dtype=torch.float16, device=DEVICE) / 8
+    x = torch.randn(64, 2, dtype=torch.float16, device=DEVICE)[:, 0]
+    bias = torch.randn(48, dtype=torch.float16, device=DEVICE)[::2]
+    torch.testing.assert_close(torch.ops.zerokv.matvec(x, weight, bias).float(), _reference(x, weight, bias),
+                               rtol=2e-2, atol=2e-2)
+
+
+def test_a_weight_of_one_column_takes_any_stride():
+    weight = torch.randn(1, 8, device=DEVICE).T  # [8, 1], stride (1, 8)
+    x = torch.randn(1, device=DEVICE)
+    torch.testing.assert_close(torch.ops.zerokv.matvec(x, weight, None), _reference(x, weight, None))
 
 
 def test_launch_refuses_a_block_that_is_not_a_power_of_two():
