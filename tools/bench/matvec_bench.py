@@ -103,6 +103,31 @@ def main():
         torch.cuda.empty_cache()
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
+    _gated()
+
+
+def _gated():
+    """A gated MLP's gate and up over LAYERS layers: zerokv::gated_matvec (both weights and SiLU in one
+    kernel) against two zerokv::matvec and torch's SiLU-times-up."""
+    weights = [(torch.randn(FFN, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5,
+                torch.randn(FFN, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5) for _ in range(LAYERS)]
+    x = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    outs = []
+
+    def gated_step():
+        outs[:] = [torch.ops.zerokv.gated_matvec(x, gate, up) for gate, up in weights][-1:]
+
+    def separate_step():
+        outs[:] = [torch.nn.functional.silu(torch.ops.zerokv.matvec(x, gate, None)) * torch.ops.zerokv.matvec(x, up, None)
+                   for gate, up in weights][-1:]
+
+    gate, up = weights[-1]
+    want = torch.nn.functional.silu(x.float() @ gate.float().T) * (x.float() @ up.float().T)
+    print(f"\n| gate and up [{FFN}, {HIDDEN}] x 2 | us per layer (TB/s) |\n|---|---:|")
+    for name, step in (("zerokv::gated_matvec", gated_step), ("2 x zerokv::matvec, then SiLU x up", separate_step)):
+        micros = _microseconds_per_product(_graph(step), LAYERS)
+        torch.testing.assert_close(outs[0].float(), want, rtol=2e-2, atol=5e-2)
+        print(f"| {name} | {micros:.1f} ({2 * gate.numel() * gate.element_size() / micros / 1e6:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":

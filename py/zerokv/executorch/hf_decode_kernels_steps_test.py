@@ -29,12 +29,14 @@ def test_decode_steps_match_eager_across_a_growth(family, exported):
     want, tokens = hf.eager_steps(reference, torch.tensor([[1]], device=DEVICE), STEPS)
     model = hf.tiny(family).to(DEVICE, DTYPE)
     use_splitk_decode(model)
-    linear_layers = use_matvec_decode(model)
+    switched = use_matvec_decode(model)
     if exported:
         programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=1, initial_capacity=8, prefill=False)
         targets = [node.target for node in programs["decode"].graph.nodes]
         assert targets.count(torch.ops.zerokv.flash_decode.default) == model.config.num_hidden_layers
-        assert targets.count(torch.ops.zerokv.matvec.default) == linear_layers
+        assert targets.count(torch.ops.zerokv.gated_matvec.default) == switched.gated_mlps == model.config.num_hidden_layers
+        # Gate and up are read by the MLPs' gated product, not on their own.
+        assert targets.count(torch.ops.zerokv.matvec.default) == switched.linear_layers - 2 * switched.gated_mlps
         step = programs["decode"].module()
     else:
         step = hf.CacheInputs(model)

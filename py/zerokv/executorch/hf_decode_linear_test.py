@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from zerokv.executorch import hf_decoders as hf
-from zerokv.executorch.hf_decode_linear import DecodeLinearError, MatvecLinear, use_matvec_decode
+from zerokv.executorch.hf_decode_linear import (DecodeLinearError, GatedMatvecMLP, MatvecLinear, is_gated_silu_mlp,
+                                                use_matvec_decode)
 
 
 def _switched(family="llama"):
@@ -14,11 +15,35 @@ def _switched(family="llama"):
     return model, use_matvec_decode(model)
 
 
-def test_every_linear_layer_is_switched():
+def test_every_linear_layer_and_gated_mlp_is_switched():
     model, switched = _switched()
     linears = [module for module in model.modules() if isinstance(module, torch.nn.Linear)]
-    assert switched == len(linears) == 7 * model.config.num_hidden_layers + 1
+    assert switched.linear_layers == len(linears) == 7 * model.config.num_hidden_layers + 1
     assert all(type(module) is MatvecLinear for module in linears)
+    assert switched.gated_mlps == model.config.num_hidden_layers
+    assert all(isinstance(layer.mlp, GatedMatvecMLP) for layer in model.model.layers)
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_a_gated_mlp_computes_what_it_did(family):
+    torch.manual_seed(0)
+    model = hf.tiny(family).to(torch.float16)
+    mlp = model.model.layers[0].mlp
+    x = {rows: torch.randn(1, rows, mlp.gate_proj.in_features, dtype=torch.float16) for rows in (1, 3)}
+    with torch.no_grad():
+        want = {rows: mlp.float()(value.float()) for rows, value in x.items()}
+    model.half()
+    use_matvec_decode(model)
+    for rows, value in x.items():
+        torch.testing.assert_close(mlp(value).float(), want[rows], rtol=2e-2, atol=2e-2)
+
+
+def test_only_a_gated_silu_mlp_is_fused():
+    mlp = hf.tiny("llama").model.layers[0].mlp
+    assert is_gated_silu_mlp(mlp)
+    mlp.act_fn = torch.nn.GELU()
+    assert not is_gated_silu_mlp(mlp)
+    assert not is_gated_silu_mlp(hf.tiny("llama").model.layers[0].self_attn)
 
 
 @pytest.mark.parametrize("bias", [False, True])
@@ -39,7 +64,7 @@ def test_the_decode_program_takes_the_kernel_and_prefill_keeps_linear():
     programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=4, initial_capacity=8)
     counts = {name: [node.target for node in program.graph.nodes].count(torch.ops.zerokv.matvec.default)
               for name, program in programs.items()}
-    assert counts == {"prefill": 0, "decode": switched}
+    assert counts == {"prefill": 0, "decode": switched.linear_layers - 2 * switched.gated_mlps}
 
 
 def test_a_model_the_kernel_cannot_take_is_refused_by_name():

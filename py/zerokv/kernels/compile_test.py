@@ -59,11 +59,12 @@ def test_the_combine_kernel_compiles_for_the_h200(dtype):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("inputs", [2048, 100])  # whole blocks of columns, and a partial one
 @pytest.mark.parametrize("integers", ["i32", "i64"])
-@pytest.mark.parametrize("bias", [True, False])
-def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias):
-    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}", "int": integers}
+@pytest.mark.parametrize("bias, gated", [(True, False), (False, False), (False, True)])
+def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, gated):
+    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Up": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}",
+             "int": integers}
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
-    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "HAS_BIAS": bias, "BLOCK_N": block_n,
+    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n,
                                                    "BLOCK_K": block_k, "EVEN_K": inputs % block_k == 0}, num_warps)
     assert ".entry _matvec_kernel" in compiled.asm["ptx"]
 

@@ -38,7 +38,7 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _matvec_kernel(X, W, Bias, Y, N, stride_wn, K: tl.constexpr,
+def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
@@ -46,21 +46,27 @@ def _matvec_kernel(X, W, Bias, Y, N, stride_wn, K: tl.constexpr,
     # In 64 bits: an output head of 2**31 elements or more (a vocabulary of 262144 over a hidden
     # size of 8192) would wrap in 32.
     row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
+    up_row_starts = Up + rows.to(tl.int64)[:, None] * stride_un
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for start in range(0, K, BLOCK_K):
         if EVEN_K:
+            mask = inside_rows[:, None]
             x = tl.load(X + start + columns)
-            w = tl.load(row_starts + start + columns[None, :], mask=inside_rows[:, None], other=0.0,
-                        eviction_policy="evict_first")
         else:
             inside_columns = start + columns < K
+            mask = inside_rows[:, None] & inside_columns[None, :]
             x = tl.load(X + start + columns, mask=inside_columns, other=0.0)
-            w = tl.load(row_starts + start + columns[None, :], mask=inside_rows[:, None] & inside_columns[None, :],
-                        other=0.0, eviction_policy="evict_first")
+        w = tl.load(row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        if GATED:
+            up = tl.load(up_row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+            up_acc += up.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
+    if GATED:  # SiLU(x W^T) * (x Up^T), rounded once
+        y = y / (1.0 + tl.exp(-y)) * tl.sum(up_acc, axis=1)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=inside_rows)
 
 
@@ -68,9 +74,12 @@ def _matvec_kernel(X, W, Bias, Y, N, stride_wn, K: tl.constexpr,
 INTERPRETED = isinstance(_matvec_kernel, InterpretedFunction)
 
 
-def check_inputs(x, weight, bias):
-    """Raises MatvecError naming what the kernel cannot take."""
+def check_inputs(x, weight, bias, up=None, op="matvec"):
+    """Raises MatvecError naming what the kernel cannot take (`up`: gated_matvec's second weight)."""
     problems = []
+    if up is not None and (up.shape != weight.shape or up.stride() != weight.stride()):
+        problems.append(f"up's shape {list(up.shape)} and strides {up.stride()} are not weight's "
+                        f"{list(weight.shape)}, {weight.stride()}")
     if x.dim() == 0 or x.numel() != x.shape[-1]:
         problems.append(f"x must hold one row ([..., K], one token), not {list(x.shape)}")
     if weight.dim() != 2:
@@ -85,7 +94,7 @@ def check_inputs(x, weight, bias):
         problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
     if x.dtype not in DTYPES:
         problems.append(f"x is {x.dtype}; the kernel takes {' or '.join(map(str, DTYPES))}")
-    for name, tensor in (("weight", weight), ("bias", bias)):
+    for name, tensor in (("weight", weight), ("up", up), ("bias", bias)):
         if tensor is None:
             continue
         if tensor.dtype != x.dtype:
@@ -93,7 +102,7 @@ def check_inputs(x, weight, bias):
         if tensor.device != x.device:
             problems.append(f"{name} is on {tensor.device}, x on {x.device}")
     if problems:
-        raise MatvecError("matvec: " + "; ".join(problems))
+        raise MatvecError(f"{op}: " + "; ".join(problems))
 
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
@@ -101,23 +110,24 @@ def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
     return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
 
 
-def launch(x, weight, bias, out, block_n, block_k, num_warps, launcher=lambda kernel: kernel):
-    """Runs the kernel into `out` (N elements, contiguous). `launcher` wraps it (`wrap_triton` when
-    traced); //tools/bench:matvec_bench sweeps the launch parameters."""
+def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, launcher=lambda kernel: kernel):
+    """Runs the kernel into `out` (N elements, contiguous): x W^T + bias or, given `up` (a weight of
+    W's shape and strides), SiLU(x W^T) * (x up^T). `launcher` wraps it (`wrap_triton` when traced);
+    //tools/bench:matvec_bench sweeps the launch parameters."""
     for name, value in (("block_n", block_n), ("block_k", block_k)):
         if value < 1 or value & (value - 1):
             raise MatvecError(f"matvec: {name} {value} is not a power of two")
     outputs, inputs = weight.shape
     launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
-        x, weight, weight if bias is None else bias, out, outputs, weight.stride(0), K=inputs,
-        HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
+        weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
         num_warps=num_warps)
     return out
 
 
-def _check_device(device):
+def _check_device(device, op="matvec"):
     if device.type != "cuda" and not INTERPRETED:
-        raise MatvecError(f"matvec: the kernel runs on CUDA devices, or on the CPU under Triton's interpreter "
+        raise MatvecError(f"{op}: the kernel runs on CUDA devices, or on the CPU under Triton's interpreter "
                           f"(TRITON_INTERPRET=1 before it is imported); not on {device}")
 
 
@@ -134,3 +144,20 @@ def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
 def _(x, weight, bias=None):
     check_inputs(x, weight, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
+
+
+@triton_op("zerokv::gated_matvec", mutates_args=())
+def gated_matvec(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+    """SiLU(x gate_weight^T) * (x up_weight^T) for one row: a gated MLP's gate and up projections in
+    one pass over both weights, and its activation, with no intermediate in memory."""
+    check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
+    _check_device(x.device, op="gated_matvec")
+    out = x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
+    return launch(x.contiguous(), gate_weight, None, out, *config_for(*gate_weight.shape), up=up_weight,
+                  launcher=wrap_triton)
+
+
+@gated_matvec.register_fake
+def _(x, gate_weight, up_weight):
+    check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
+    return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))

@@ -40,6 +40,24 @@ def test_matches_linear(case):
     torch.testing.assert_close(got.float(), _reference(x, weight, bias), rtol=tolerance, atol=tolerance)
 
 
+@pytest.mark.parametrize("outputs, inputs", [(64, 256), (37, 100)])
+def test_gated_matches_silu_of_gate_times_up(outputs, inputs):
+    torch.manual_seed(0)
+    gate, up = (torch.randn(outputs, inputs, dtype=torch.float16, device=DEVICE) / inputs ** 0.5 for _ in "gu")
+    x = torch.randn(1, 1, inputs, dtype=torch.float16, device=DEVICE)
+    want = torch.nn.functional.silu(_reference(x, gate, None)) * _reference(x, up, None)
+    torch.testing.assert_close(torch.ops.zerokv.gated_matvec(x, gate, up).float(), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("up, message", [
+    (torch.zeros(4, 6), r"gated_matvec: up's shape \[4, 6\] and strides \(6, 1\) are not weight's \[4, 8\]"),
+    (torch.zeros(4, 8, dtype=torch.float16), r"gated_matvec: up is torch.float16, x torch.float32"),
+])
+def test_gated_refuses_an_up_weight_unlike_the_gate_by_name(up, message):
+    with pytest.raises(MatvecError, match=message):
+        torch.ops.zerokv.gated_matvec(torch.zeros(1, 8), torch.zeros(4, 8), up)
+
+
 def test_reads_only_the_weights_rows_and_columns():
     """The weight is a view into poisoned storage: NaN past its last row and its last column."""
     torch.manual_seed(0)
