@@ -15,6 +15,7 @@ import sys
 
 import torch
 
+from tools.bench.cuda_graph_timing import capture, microseconds_per_replay
 from tools.bench.decode_roofline_model import SHAPES
 from zerokv.kernels import flash_decode as fd
 
@@ -24,26 +25,6 @@ LAYERS = SHAPE["num_hidden_layers"]
 CAPACITY = 32768
 COMMITTED = [256, 1024, 4096, 8192, 16384]
 REPLAYS = 50
-
-
-def _graph(step):
-    step()  # compiles and loads the kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
-
-
-def _microseconds_per_layer(graph):
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / REPLAYS / LAYERS
 
 
 def main():
@@ -83,11 +64,11 @@ def main():
     print("| variant | " + " | ".join(f"{n} committed: us/layer (TB/s)" for n in committed_lengths) + " |")
     print("|---|" + "---:|" * len(committed_lengths))
     for name, step in variants.items():
-        graph = _graph(step)
+        graph = capture(step)
         cells = []
         for committed in committed_lengths:
             position.fill_(committed - 1)
-            micros = _microseconds_per_layer(graph)
+            micros = microseconds_per_replay(graph, REPLAYS) / LAYERS
             kv_bytes = 2 * KV_HEADS * committed * HEAD_DIM * 2
             if name.startswith("zerokv"):  # the last layer's output, against SDPA at this position
                 group = QUERY_HEADS // KV_HEADS

@@ -12,6 +12,7 @@ the kernel's launch parameters; `zerokv (defaults)` is what the op launches (mat
 
 import torch
 
+from tools.bench.cuda_graph_timing import capture, microseconds_per_replay
 from tools.bench.decode_roofline_model import SHAPES
 from zerokv.kernels import matvec as mv
 
@@ -30,28 +31,8 @@ SWEEP = [(block_n, block_k, warps) for block_n in (1, 2, 4, 8, 16, 32) for block
 REPLAYS = 20
 
 
-def _graph(step):
-    step()  # compiles and loads the kernels outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        step()
-    return graph
-
-
-def _microseconds_per_product(graph, products):
-    graph.replay()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(REPLAYS):
-        graph.replay()
-    end.record()
-    torch.cuda.synchronize()
-    return start.elapsed_time(end) * 1000 / REPLAYS / products
-
-
 def _cell(step, weights, out, x):
-    micros = _microseconds_per_product(_graph(step), len(weights))
+    micros = microseconds_per_replay(capture(step), REPLAYS) / len(weights)
     want = x.float() @ weights[-1].float().T
     torch.testing.assert_close((out() if callable(out) else out).float(), want, rtol=2e-2, atol=5e-2)
     return f"{micros:.1f} ({weights[0].numel() * weights[0].element_size() / micros / 1e6:.2f})"
