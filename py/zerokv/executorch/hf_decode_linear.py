@@ -33,8 +33,7 @@ class MatvecLinear(torch.nn.Linear):
     """torch.nn.Linear whose one-row inputs go through zerokv::matvec."""
 
     def forward(self, x):
-        # Static in an export: the decode program has one token, a prefill program two or more.
-        if x.dim() and x.numel() == x.shape[-1]:
+        if contract.is_one_row(x):
             return torch.ops.zerokv.matvec(x, self.weight, self.bias)
         return super().forward(x)
 
@@ -43,7 +42,7 @@ class GatedMatvecMLP:
     """Mixed into a gated SiLU MLP's class: one-row inputs take zerokv::gated_matvec."""
 
     def forward(self, x):
-        if x.dim() and x.numel() == x.shape[-1]:
+        if contract.is_one_row(x):
             return self.down_proj(torch.ops.zerokv.gated_matvec(x, self.gate_proj.weight, self.up_proj.weight))
         return super().forward(x)
 

@@ -26,7 +26,7 @@ import triton.language as tl
 from torch.library import triton_op, wrap_triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from zerokv.kernels.matvec_contract import DTYPES, MatvecError
+from zerokv.kernels.matvec_contract import DTYPES, MatvecError, is_one_row
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
 # shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
@@ -80,7 +80,7 @@ def check_inputs(x, weight, bias, up=None, op="matvec"):
     if up is not None and (up.shape != weight.shape or up.stride() != weight.stride()):
         problems.append(f"up's shape {list(up.shape)} and strides {up.stride()} are not weight's "
                         f"{list(weight.shape)}, {weight.stride()}")
-    if x.dim() == 0 or x.numel() != x.shape[-1]:
+    if not is_one_row(x):
         problems.append(f"x must hold one row ([..., K], one token), not {list(x.shape)}")
     if weight.dim() != 2:
         problems.append(f"weight must be [N, K], not {list(weight.shape)}")

@@ -12,3 +12,9 @@ DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 
 class MatvecError(ZeroKVError, ValueError):
     """zerokv::matvec cannot take these inputs; the message names the one at fault."""
+
+
+def is_one_row(x) -> bool:
+    """Whether `x` ([..., K]) holds one row: one token's input, what the kernel takes. Static in an
+    export (a decode program has one token; a prefill program's dynamic count is at least two)."""
+    return x.dim() > 0 and x.numel() == x.shape[-1]
