@@ -4,8 +4,9 @@
                                [--linear matvec|torch] POSITION...
 
 The step is the static-cache program of decode_roofline_programs.py (zerokv's decode kernels,
-bfloat16), compiled with the Inductor options the zerokv engine uses (coordinate-descent tuning) by
-torch.compile instead of AOTInductor: the same lowering, loaded in Python, where the PyTorch
+bfloat16), compiled with the Inductor options and graph pass the zerokv engine uses
+(coordinate-descent tuning, sibling one-token products in one launch) by torch.compile instead of
+AOTInductor: the same lowering, loaded in Python, where the PyTorch
 profiler sees each kernel. It is captured as one CUDA graph and replayed at each POSITION.
 
 Writes OUT (markdown): per position, the graph replay's median ms and the kernels' time per step;
@@ -31,9 +32,19 @@ def _step(shape, max_cache, linear):
     model = bench_model.build(shape, device="cuda")
     use_decode_kernels(model, linear)
     step = StaticCacheStep(model, max_cache).cuda().eval()
-    compiled = torch.compile(step, fullgraph=True, dynamic=False,
-                             options={"coordinate_descent_tuning": True, "triton.cudagraphs": False})
-    return compiled
+    return torch.compile(step, fullgraph=True, dynamic=False, backend=_as_the_engine_compiles)
+
+
+def _as_the_engine_compiles(graph_module, example_inputs):
+    """Inductor with the zerokv engine's options and graph pass (zerokv.aoti.compile_aoti)."""
+    from torch._inductor.compile_fx import compile_fx
+
+    from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
+
+    if group_sibling_matvecs(graph_module.graph):
+        graph_module.recompile()
+    return compile_fx(graph_module, example_inputs,
+                      config_patches={"coordinate_descent_tuning": True, "triton.cudagraphs": False})
 
 
 def _graph(compiled, token, position):

@@ -8,6 +8,8 @@ Each cell is one CUDA graph of a layer shape's products over LAYERS distinct wei
 so that no weight is still in the L2 cache when it is read again), replayed: microseconds per
 product and the weight's bytes divided by that time (TB/s). Rows named `zerokv n=N k=K w=W` sweep
 the kernel's launch parameters; `zerokv (defaults)` is what the op launches (matvec.config_for).
+Two tables follow: a gated MLP's gate and up (zerokv::gated_matvec) and an attention's query, key
+and value (zerokv::matvec_siblings), each in one launch against separate products.
 """
 
 import torch
@@ -85,6 +87,7 @@ def main():
     for name, cells in rows.items():
         print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     _gated()
+    _siblings()
 
 
 def _gated():
@@ -109,6 +112,30 @@ def _gated():
         micros = microseconds_per_replay(capture(step), REPLAYS) / LAYERS
         torch.testing.assert_close(outs[0].float(), want, rtol=2e-2, atol=5e-2)
         print(f"| {name} | {micros:.1f} ({2 * gate.numel() * gate.element_size() / micros / 1e6:.2f}) |", flush=True)
+
+
+def _siblings():
+    """An attention's query, key and value over LAYERS layers: zerokv::matvec_siblings (one launch)
+    against three zerokv::matvec."""
+    rows = (HIDDEN, KV_WIDTH, KV_WIDTH)
+    weights = [[torch.randn(n, HIDDEN, device="cuda", dtype=torch.bfloat16) / HIDDEN ** 0.5 for n in rows]
+               for _ in range(LAYERS)]
+    x = torch.randn(1, HIDDEN, device="cuda", dtype=torch.bfloat16)
+    outs = []
+
+    def siblings_step():
+        outs[:] = [torch.ops.zerokv.matvec_siblings(x, layer, [None] * 3) for layer in weights][-1]
+
+    def separate_step():
+        outs[:] = [[torch.ops.zerokv.matvec(x, weight, None) for weight in layer] for layer in weights][-1]
+
+    layer_bytes = sum(weight.numel() * weight.element_size() for weight in weights[-1])
+    print(f"\n| query, key, value {list(rows)} x [{HIDDEN}] | us per layer (TB/s) |\n|---|---:|")
+    for name, step in (("zerokv::matvec_siblings", siblings_step), ("3 x zerokv::matvec", separate_step)):
+        micros = microseconds_per_replay(capture(step), REPLAYS) / LAYERS
+        for out, weight in zip(outs, weights[-1]):
+            torch.testing.assert_close(out.float(), x.float() @ weight.float().T, rtol=2e-2, atol=5e-2)
+        print(f"| {name} | {micros:.1f} ({layer_bytes / micros / 1e6:.2f}) |", flush=True)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,10 @@ storage goes to ExecuTorch's named data under a key that is its content's hash, 
 sharing a weight (prefill and decode) share one entry. The C++ engine hands the mapped bytes to
 the package (AOTIModelPackageLoader::load_constants, user-managed): no weight is copied into the
 package, the blob or a temporary file.
+
+One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
+value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
+(zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
 """
 
 import dataclasses
@@ -41,6 +45,7 @@ from zerokv import blob
 from zerokv.aoti.int_array_declarations import writers_kept_alive
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
+from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
 class AotiCompileError(ZeroKVError, ValueError):
@@ -113,9 +118,12 @@ def compile_aoti(
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
     }
     args, kwargs = program.example_inputs
+    module = program.module(check_guards=False)
+    if group_sibling_matvecs(module.graph):
+        module.recompile()
     with writers_kept_alive():
         files = torch._inductor.aot_compile(
-            program.module(check_guards=False),
+            module,
             args,
             kwargs,
             options={

@@ -50,3 +50,29 @@ def test_a_mutated_input_is_an_aliased_output_binding():
 def test_an_engine_owned_buffer_mutation_is_refused():
     with pytest.raises(ValueError, match="mutates buffer 'k_cache'"):
         _table(BufferStep(), _inputs()[:2])
+
+
+class Handed(Exception):
+    """Stops compile_aoti at AOTInductor's door, with the module it was handed."""
+
+
+def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch(monkeypatch):
+    from zerokv.aoti.compile import compile_aoti
+    from zerokv.kernels import matvec  # noqa: F401  (registers the ops the step calls)
+
+    class Projections(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.query, self.key = torch.nn.Parameter(torch.randn(8, 16)), torch.nn.Parameter(torch.randn(4, 16))
+
+        def forward(self, x):
+            return torch.ops.zerokv.matvec(x, self.query), torch.ops.zerokv.matvec(x, self.key)
+
+    def handed(module, *args, **kwargs):
+        raise Handed([str(node.target) for node in module.graph.nodes if node.op == "call_function"])
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", handed)
+    with pytest.raises(Handed) as caught:
+        compile_aoti(_export(Projections(), (torch.randn(1, 1, 16),), None), [torch.randn(1, 1, 16)], "cpu")
+    targets = caught.value.args[0]
+    assert targets.count("zerokv.matvec_siblings.default") == 1 and "zerokv.matvec.default" not in targets

@@ -8,6 +8,7 @@ import torch
 from zerokv.executorch import hf_decoders as hf
 from zerokv.executorch.hf_decode_linear import (DecodeLinearError, GatedMatvecMLP, MatvecLinear, is_gated_silu_mlp,
                                                 use_matvec_decode)
+from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
 def _switched(family="llama"):
@@ -65,6 +66,26 @@ def test_the_decode_program_takes_the_kernel_and_prefill_keeps_linear():
     counts = {name: [node.target for node in program.graph.nodes].count(torch.ops.zerokv.matvec.default)
               for name, program in programs.items()}
     assert counts == {"prefill": 0, "decode": switched.linear_layers - 2 * switched.gated_mlps}
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3"])
+def test_each_layers_query_key_and_value_become_one_launch(family):
+    """What the AOTInductor engine compiles (zerokv.aoti.compile_aoti groups the calls): the same
+    step, the attention's three projections in one launch per layer."""
+    model = hf.tiny(family).to(torch.float16)
+    use_matvec_decode(model)
+    programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=1, initial_capacity=8, prefill=False)
+    step = programs["decode"].module()
+    caches = [torch.randn(hf.cache_shape(model.config, 8), dtype=torch.float16) for _ in hf.cache_input_names(model.config)]
+    grouped_caches = [cache.clone() for cache in caches]
+    inputs = (torch.tensor([[3]]), torch.tensor([5]))
+    want = step(*inputs, *caches)
+    groups = group_sibling_matvecs(step.graph)
+    step.recompile()
+    assert [len(group) for group in groups] == [3] * model.config.num_hidden_layers
+    got = step(*inputs, *grouped_caches)
+    assert torch.equal(got[0], want[0])
+    assert all(torch.equal(a, b) for a, b in zip(grouped_caches, caches))
 
 
 def test_a_model_the_kernel_cannot_take_is_refused_by_name():

@@ -20,13 +20,15 @@ a time, once and contiguously; `x` (a few KiB) stays in the cache.
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
 from triton.runtime.interpreter import InterpretedFunction
 
-from zerokv.kernels.matvec_contract import DTYPES, MatvecError, is_one_row
+from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is_one_row
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
 # shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
@@ -38,9 +40,10 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
+          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
     columns = tl.arange(0, BLOCK_K)
     # In 64 bits: an output head of 2**31 elements or more (a vocabulary of 262144 over a hidden
@@ -65,9 +68,33 @@ def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, 
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
-    if GATED:  # SiLU(x W^T) * (x Up^T), rounded once
+    if GATED:  # rounded once
         y = y / (1.0 + tl.exp(-y)) * tl.sum(up_acc, axis=1)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=inside_rows)
+
+
+@triton.jit
+def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K)
+
+
+@triton.jit
+def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
+                     K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+    """Up to three products of one x in one launch: the programs are the first product's blocks
+    of rows, then the second's, then the third's (N2 0 when there are two)."""
+    block = tl.program_id(0)
+    first = tl.cdiv(N0, BLOCK_N)
+    second = first + tl.cdiv(N1, BLOCK_N)
+    if block < first:
+        _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K)
+    elif block < second:
+        _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K)
+    else:
+        _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
+              EVEN_K)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
@@ -77,32 +104,52 @@ INTERPRETED = isinstance(_matvec_kernel, InterpretedFunction)
 def check_inputs(x, weight, bias, up=None, op="matvec"):
     """Raises MatvecError naming what the kernel cannot take (`up`: gated_matvec's second weight)."""
     problems = []
-    if up is not None and (up.shape != weight.shape or up.stride() != weight.stride()):
-        problems.append(f"up's shape {list(up.shape)} and strides {up.stride()} are not weight's "
-                        f"{list(weight.shape)}, {weight.stride()}")
     if not is_one_row(x):
         problems.append(f"x must hold one row ([..., K], one token), not {list(x.shape)}")
-    if weight.dim() != 2:
-        problems.append(f"weight must be [N, K], not {list(weight.shape)}")
-    elif x.dim() and weight.shape[1] != x.shape[-1]:
-        problems.append(f"weight's shape {list(weight.shape)} does not take x's {x.shape[-1]} inputs")
-    elif weight.shape[0] == 0 or weight.shape[1] == 0:
-        problems.append(f"weight's shape {list(weight.shape)} is empty")
-    elif weight.stride(1) != 1 and weight.shape[1] > 1:
-        problems.append(f"weight's rows must be contiguous (stride {weight.stride()})")
-    if bias is not None and (bias.dim() != 1 or weight.dim() != 2 or bias.shape[0] != weight.shape[0]):
-        problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
     if x.dtype not in DTYPES:
         problems.append(f"x is {x.dtype}; the kernel takes {' or '.join(map(str, DTYPES))}")
-    for name, tensor in (("weight", weight), ("up", up), ("bias", bias)):
-        if tensor is None:
-            continue
-        if tensor.dtype != x.dtype:
-            problems.append(f"{name} is {tensor.dtype}, x {x.dtype}")
-        if tensor.device != x.device:
-            problems.append(f"{name} is on {tensor.device}, x on {x.device}")
+    problems += _weight_problems("weight", weight, x)
+    if up is not None:
+        if up.shape != weight.shape:
+            problems.append(f"up's shape {list(up.shape)} is not weight's {list(weight.shape)}")
+        else:
+            problems += _weight_problems("up", up, x)
+    if bias is not None:
+        if bias.dim() != 1 or weight.dim() != 2 or bias.shape[0] != weight.shape[0]:
+            problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
+        problems += _placement_problems("bias", bias, x)
     if problems:
         raise MatvecError(f"{op}: " + "; ".join(problems))
+
+
+def _weight_problems(name, weight, x):
+    if weight.dim() != 2:
+        return [f"{name} must be [N, K], not {list(weight.shape)}"]
+    if x.dim() and weight.shape[1] != x.shape[-1]:
+        return [f"{name}'s shape {list(weight.shape)} does not take x's {x.shape[-1]} inputs"]
+    if weight.shape[0] == 0 or weight.shape[1] == 0:
+        return [f"{name}'s shape {list(weight.shape)} is empty"]
+    if weight.stride(1) != 1 and weight.shape[1] > 1:
+        return [f"{name}'s rows must be contiguous (stride {weight.stride()})"]
+    return _placement_problems(name, weight, x)
+
+
+def _placement_problems(name, tensor, x):
+    problems = []
+    if tensor.dtype != x.dtype:
+        problems.append(f"{name} is {tensor.dtype}, x {x.dtype}")
+    if tensor.device != x.device:
+        problems.append(f"{name} is on {tensor.device}, x on {x.device}")
+    return problems
+
+
+def check_siblings(x, weights, biases):
+    """Raises MatvecError naming what matvec_siblings cannot take."""
+    if not 2 <= len(weights) <= MAX_SIBLINGS or len(biases) != len(weights):
+        raise MatvecError(f"matvec_siblings: 2 to {MAX_SIBLINGS} weights with a bias (or None) each, not "
+                          f"{len(weights)} weights and {len(biases)} biases")
+    for index, (weight, bias) in enumerate(zip(weights, biases)):
+        check_inputs(x, weight, bias, op=f"matvec_siblings: weights[{index}]")
 
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
@@ -112,17 +159,37 @@ def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
 
 def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, launcher=lambda kernel: kernel):
     """Runs the kernel into `out` (N elements, contiguous): x W^T + bias or, given `up` (a weight of
-    W's shape and strides), SiLU(x W^T) * (x up^T). `launcher` wraps it (`wrap_triton` when traced);
+    W's shape), SiLU(x W^T) * (x up^T). `launcher` wraps it (`wrap_triton` when traced);
     //tools/bench:matvec_bench sweeps the launch parameters."""
-    for name, value in (("block_n", block_n), ("block_k", block_k)):
-        if value < 1 or value & (value - 1):
-            raise MatvecError(f"matvec: {name} {value} is not a power of two")
+    _check_blocks(block_n, block_k)
     outputs, inputs = weight.shape
     launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
         x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
-        weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
-        num_warps=num_warps)
+        weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, num_warps=num_warps)
     return out
+
+
+def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, launcher=lambda kernel: kernel):
+    """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them."""
+    _check_blocks(block_n, block_k)
+    slots = [*zip(weights, biases, outs)]
+    # A third slot with no rows when there are two: no program reaches it.
+    slots += [(weights[-1], biases[-1], outs[-1])] * (MAX_SIBLINGS - len(slots))
+    rows = [weight.shape[0] for weight, _, _ in slots[:len(weights)]] + [0] * (MAX_SIBLINGS - len(weights))
+    inputs = weights[0].shape[1]
+    launcher(_siblings_kernel)[(sum(triton.cdiv(n, block_n) for n in rows),)](
+        x, *(weight for weight, _, _ in slots), *(weight if bias is None else bias for weight, bias, _ in slots),
+        *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
+        HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, num_warps=num_warps)
+    return outs
+
+
+def _check_blocks(block_n, block_k):
+    for name, value in (("block_n", block_n), ("block_k", block_k)):
+        if value < 1 or value & (value - 1):
+            raise MatvecError(f"matvec: {name} {value} is not a power of two")
 
 
 def _check_device(device, op="matvec"):
@@ -161,3 +228,23 @@ def gated_matvec(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Te
 def _(x, gate_weight, up_weight):
     check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
     return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
+
+
+@triton_op("zerokv::matvec_siblings", mutates_args=())
+def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor],
+                    biases: list[Optional[torch.Tensor]]) -> list[torch.Tensor]:
+    """[x weights[i]^T + biases[i]] for 2 or 3 weights that read the same one-row x: what as many
+    matvec calls return, in one launch (zerokv.kernels.sibling_matvecs groups them in a graph)."""
+    check_siblings(x, weights, biases)
+    _check_device(x.device, op="matvec_siblings")
+    outs = [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
+    block_n = min(config_for(weight.shape[0], weight.shape[1])[0] for weight in weights)
+    _, block_k, num_warps = config_for(*weights[0].shape)
+    return launch_siblings(x.contiguous(), weights, [None if bias is None else bias.contiguous() for bias in biases],
+                           outs, block_n, block_k, num_warps, launcher=wrap_triton)
+
+
+@matvec_siblings.register_fake
+def _(x, weights, biases):
+    check_siblings(x, weights, biases)
+    return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]

@@ -8,6 +8,8 @@ import torch
 from zerokv.errors import ZeroKVError
 
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# Products one zerokv::matvec_siblings launch computes: a decoder's query, key and value.
+MAX_SIBLINGS = 3
 
 
 class MatvecError(ZeroKVError, ValueError):

@@ -49,8 +49,18 @@ def test_gated_matches_silu_of_gate_times_up(outputs, inputs):
     torch.testing.assert_close(torch.ops.zerokv.gated_matvec(x, gate, up).float(), want, rtol=2e-2, atol=2e-2)
 
 
+def test_gated_reads_an_up_weight_of_its_own_row_stride():
+    torch.manual_seed(0)
+    gate = torch.randn(24, 64, dtype=torch.float16, device=DEVICE) / 8
+    up = torch.randn(24, 96, dtype=torch.float16, device=DEVICE)[:, :64] / 8  # rows 96 apart
+    x = torch.randn(64, dtype=torch.float16, device=DEVICE)
+    want = torch.nn.functional.silu(_reference(x, gate, None)) * _reference(x, up, None)
+    torch.testing.assert_close(torch.ops.zerokv.gated_matvec(x, gate, up).float(), want, rtol=2e-2, atol=2e-2)
+
+
 @pytest.mark.parametrize("up, message", [
-    (torch.zeros(4, 6), r"gated_matvec: up's shape \[4, 6\] and strides \(6, 1\) are not weight's \[4, 8\]"),
+    (torch.zeros(4, 6), r"gated_matvec: up's shape \[4, 6\] is not weight's \[4, 8\]"),
+    (torch.zeros(8, 4).T, r"gated_matvec: up's rows must be contiguous"),
     (torch.zeros(4, 8, dtype=torch.float16), r"gated_matvec: up is torch.float16, x torch.float32"),
 ])
 def test_gated_refuses_an_up_weight_unlike_the_gate_by_name(up, message):
@@ -108,6 +118,45 @@ def test_a_weight_of_one_column_takes_any_stride():
     weight = torch.randn(1, 8, device=DEVICE).T  # [8, 1], stride (1, 8)
     x = torch.randn(1, device=DEVICE)
     torch.testing.assert_close(torch.ops.zerokv.matvec(x, weight, None), _reference(x, weight, None))
+
+
+# (rows of each weight, which have a bias, x's inputs)
+SIBLINGS = {
+    "query, key and value": ([64, 16, 16], [False, False, False], 256),
+    "uneven, some biased": ([37, 8, 5], [True, False, True], 100),
+    "two": ([6, 33], [False, True], 48),
+}
+
+
+@pytest.mark.parametrize("case", SIBLINGS)
+def test_siblings_are_what_matvec_computes_alone(case):
+    """Each product in the shared launch is computed by the same code and blocks as alone: equal."""
+    rows, biased, inputs = SIBLINGS[case]
+    torch.manual_seed(0)
+    x = torch.randn(1, 1, inputs, dtype=torch.float16, device=DEVICE)
+    weights = [torch.randn(n, inputs, dtype=torch.float16, device=DEVICE) / inputs ** 0.5 for n in rows]
+    biases = [torch.randn(n, dtype=torch.float16, device=DEVICE) if b else None for n, b in zip(rows, biased)]
+    got = torch.ops.zerokv.matvec_siblings(x, weights, biases)
+    assert len(got) == len(weights)
+    for product, weight, bias in zip(got, weights, biases):
+        assert torch.equal(product, torch.ops.zerokv.matvec(x, weight, bias))
+
+
+SIBLING_REFUSALS = {
+    "one weight": (1, lambda w: (w, [None]), r"matvec_siblings: 2 to 3 weights with a bias \(or None\) each, not 1 weights"),
+    "four weights": (4, lambda w: (w, [None] * 4), r"not 4 weights and 4 biases"),
+    "biases": (2, lambda w: (w, [None]), r"not 2 weights and 1 biases"),
+    "a weight's inputs": (3, lambda w: (w[:2] + [torch.zeros(4, 6)], [None] * 3),
+                          r"matvec_siblings: weights\[2\]: weight's shape \[4, 6\] does not take x's 8"),
+    "a bias": (2, lambda w: (w, [None, torch.zeros(5)]), r"matvec_siblings: weights\[1\]: bias's shape \[5\]"),
+}
+
+
+@pytest.mark.parametrize("case", SIBLING_REFUSALS)
+def test_siblings_refuse_by_name(case):
+    count, make, message = SIBLING_REFUSALS[case]
+    with pytest.raises(MatvecError, match=message):
+        torch.ops.zerokv.matvec_siblings(torch.zeros(1, 8), *make([torch.zeros(4, 8) for _ in range(count)]))
 
 
 def test_launch_refuses_a_block_that_is_not_a_power_of_two():
