@@ -22,6 +22,16 @@ DEVICE, DTYPE = ("cpu", torch.float16) if INTERPRET else ("cuda", torch.bfloat16
 STEPS = 12
 
 
+VIEWS = {torch.ops.aten.slice.Tensor, torch.ops.aten.select.int, torch.ops.aten.unsqueeze.default,
+         torch.ops.aten.view.default, torch.ops.aten.squeeze.dim, torch.ops.aten.alias.default}
+
+
+def _through_views(node):
+    while node.op == "call_function" and node.target in VIEWS:
+        node = node.args[0]
+    return node
+
+
 @pytest.mark.parametrize("exported", [False, True], ids=["eager", "exported"])
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
 def test_decode_steps_match_eager_across_a_growth(family, exported):
@@ -37,6 +47,10 @@ def test_decode_steps_match_eager_across_a_growth(family, exported):
         assert targets.count(torch.ops.zerokv.gated_matvec.default) == switched.gated_mlps == model.config.num_hidden_layers
         # Gate and up are read by the MLPs' gated product, not on their own.
         assert targets.count(torch.ops.zerokv.matvec.default) == switched.linear_layers - 2 * switched.gated_mlps
+        # Each layer's kernel reads the step's position from the cache_position input, through views.
+        sources = {_through_views(node.args[3]).name for node in programs["decode"].graph.nodes
+                   if node.target == torch.ops.zerokv.flash_decode.default}
+        assert sources == {"cache_position"}
         step = programs["decode"].module()
     else:
         step = hf.CacheInputs(model)

@@ -182,7 +182,11 @@ class CacheInputs(torch.nn.Module):
         layers = [_InputCacheLayer(caches[2 * index], caches[2 * index + 1], positions,
                                    ring_slots if sliding else positions, sliding)
                   for index, sliding in enumerate(self.sliding)]
-        out = self.model(input_ids=input_ids, position_ids=positions.unsqueeze(0),
+        # A one-token step's position is cache_position itself. Passed as the input, not as the
+        # arange, it reaches each layer's attention kernel as a view: Inductor would otherwise compute
+        # the arange again into a buffer of its own for every layer's kernel, a launch each.
+        position_ids = (cache_position if input_ids.shape[1] == 1 else positions).unsqueeze(0)
+        out = self.model(input_ids=input_ids, position_ids=position_ids,
                          attention_mask=self._masks(positions, layers), past_key_values=Cache(layers=layers),
                          use_cache=True)
         return out.logits

@@ -1,4 +1,4 @@
-"""zerokv::flash_decode's and zerokv::matvec's kernels compile for the H200 (sm_90) on any machine: Triton lowers them to
+"""zerokv::flash_decode's and zerokv::matvec's kernels (matvec, gated_matvec, matvec_siblings) compile for the H200 (sm_90) on any machine: Triton lowers them to
 PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test, matvec_test) checks
 what they compute but not their types: a scale that Inductor passes as float64 once changed a
 loop-carried value's type, which only the compiler refuses. Compiled kernels take no CPU tensors:
@@ -69,6 +69,18 @@ def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, 
     assert ".entry _matvec_kernel" in compiled.asm["ptx"]
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+@pytest.mark.parametrize("integers", ["i32", "i64"])
+@pytest.mark.parametrize("biases", [(False, False, False), (True, True, True), (True, False, True)])
+def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases):
+    types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2")}
+    block_n, block_k, num_warps = mv.config_for(512, 2048)
+    compiled = _compile(mv._siblings_kernel, {**types, "int": integers},
+                        {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
+                         "BLOCK_K": block_k, "EVEN_K": True}, num_warps)
+    assert ".entry _siblings_kernel" in compiled.asm["ptx"]
+
+
 def test_without_the_interpreter_cpu_tensors_are_refused_by_name():
     query = torch.zeros(1, 4, 1, 16, dtype=torch.float16)
     key = torch.zeros(1, 2, 8, 16, dtype=torch.float16)
@@ -76,3 +88,5 @@ def test_without_the_interpreter_cpu_tensors_are_refused_by_name():
         torch.ops.zerokv.flash_decode(query, key, key, torch.tensor([3]), 0.25)
     with pytest.raises(mv.MatvecError, match="matvec: the kernel runs on CUDA devices, .* not on cpu"):
         torch.ops.zerokv.matvec(torch.zeros(8), torch.zeros(4, 8), None)
+    with pytest.raises(mv.MatvecError, match="matvec_siblings: the kernel runs on CUDA devices, .* not on cpu"):
+        torch.ops.zerokv.matvec_siblings(torch.zeros(8), [torch.zeros(4, 8)] * 2, [None] * 2)
