@@ -6,8 +6,10 @@ head) compute a one-row input through zerokv's matrix-vector kernel (`zerokv::ma
 zerokv.kernels.matvec, a `torch.library.triton_op` AOTInductor compiles into the engine); inputs
 of several rows (prefill) keep torch's linear. A gated SiLU MLP (`down(SiLU(gate(x)) * up(x))`, its
 forward the same code as Llama's) computes gate, up and the activation in one pass over both weights
-(`zerokv::gated_matvec`), so a decode step's MLP is two kernels, not four. Every module keeps its
-parameters and their names, so the program's weights are what they were.
+(`zerokv::gated_matvec`), so a decode step's MLP is two kernels, not four. The attention's query,
+key and value, three calls on one input, become one launch when the AOTInductor engine compiles the
+program (zerokv.kernels.sibling_matvecs). Every module keeps its parameters and their names, so the
+program's weights are what they were.
 
 The kernel is for CUDA (on the CPU only under Triton's interpreter) and the dtypes in
 zerokv.kernels.matvec_contract: a model of another dtype, or a machine that cannot run the kernel,

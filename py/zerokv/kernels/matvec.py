@@ -1,9 +1,12 @@
-"""One token's linear layer, `x @ weight.T + bias`, read at the memory's bandwidth.
+"""One token's linear layers, `x @ weight.T + bias`, read at the memory's bandwidth.
 
 `torch.ops.zerokv.matvec(x, weight, bias)` takes `x` [..., K] holding one row (a decode step of one
 token), `weight` [N, K] as nn.Linear stores it, and an optional `bias` [N]; it returns [..., N] in
-x's dtype, accumulated in float32. It is a `torch.library.triton_op`, so AOTInductor compiles its
-kernel into the engine like its own.
+x's dtype, accumulated in float32. Two more ops read one x in one launch:
+`gated_matvec(x, gate_weight, up_weight)` returns SiLU(x gate^T) * (x up^T), a gated MLP's input to
+its down projection, and `matvec_siblings(x, weights, biases)` returns 2 or 3 products (an
+attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in a graph). They are
+`torch.library.triton_op`s, so AOTInductor compiles their kernels into the engine like its own.
 
 Why: a one-token step reads every weight once and does two flops per weight read, so its matrix
 products are bound by the memory's bandwidth. Inductor lowers them as reductions (with
