@@ -18,7 +18,12 @@
 //                          between the growths;
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
-//   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION.
+//   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION;
+//   bare_engine_host_io    the same engine, with the token and position copied from the host before
+//                          each step and the logits back to it after (BareEngine::StepWithHostIO):
+//                          what of a zerokv step's time over the bare engine's is the copies.
+// Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its timed
+// steps (median and p99 columns) and the steps (a step that did not replay ran uncaptured).
 // Before timing, the runtime-owned and static programs decode the reference's tokens from
 // position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
 // `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
@@ -41,6 +46,7 @@
 #include <executorch/extension/tensor/tensor_ptr.h>
 #include <executorch/runtime/platform/runtime.h>
 
+#include "cc/engines/aoti/aoti_engine.h"
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/testing/bare_engine.h"
 
@@ -118,6 +124,14 @@ void Spread(const std::string& variant, std::vector<double> values) {
   std::fflush(stdout);
 }
 
+// The CUDA graph replays since `before` over `steps` steps of `variant`.
+void Replays(const std::string& variant, uint64_t before, size_t steps) {
+  const uint64_t replays = zerokv::engines::CudaGraphReplays() - before;
+  std::printf("cuda_graph_replays_%s\t0\t%llu\t%llu\t%zu\n", variant.c_str(), static_cast<unsigned long long>(replays),
+              static_cast<unsigned long long>(replays), steps);
+  std::fflush(stdout);
+}
+
 // Eager's reference: the token fed at each position and its logits there.
 struct Reference {
   std::vector<int64_t> tokens;
@@ -161,6 +175,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   // The growth count is cumulative over the sequence's life (the agreement's steps included).
   ZeroKVCacheMetrics metrics{};
   zerokv_kv_sequence_metrics(caches, &metrics);
+  const uint64_t replays = zerokv::engines::CudaGraphReplays();
   for (int64_t position = 0; position < end; ++position) {
     const uint64_t growths = metrics.growths;
     times.push_back(Step(module, "decode", (position * 7) % static_cast<int64_t>(reference.vocab), position));
@@ -169,6 +184,7 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
     grew.push_back(metrics.growths > growths);
     (grew.back() ? growth : without_growth).push_back(times.back());
   }
+  Replays("zerokv_runtime_owned", replays, times.size());
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
     Row("zerokv_runtime_owned", position, {times.begin() + position, times.begin() + position + steps});
@@ -192,6 +208,7 @@ void Static(const std::string& dir, const std::string& program, const std::strin
             int64_t steps, const std::vector<int64_t>& positions) {
   Module module(dir + "/static/" + program + ".pte", dir + "/static/" + program + ".ptd", Module::LoadMode::Mmap);
   if (reference != nullptr) Agree(module, "forward", *reference, variant);
+  const uint64_t replays = zerokv::engines::CudaGraphReplays();
   for (int64_t position : positions) {
     std::vector<double> times;
     for (int64_t step = -kWarmup; step < steps; ++step) {
@@ -201,19 +218,29 @@ void Static(const std::string& dir, const std::string& program, const std::strin
     }
     Row(variant, position, times);
   }
+  Replays(variant, replays, positions.size() * (kWarmup + steps));
 }
 
 void Bare(const std::string& dir, int64_t steps, const std::vector<int64_t>& positions) {
   zerokv::testing::BareEngine engine(dir + "/static/engine.blob", dir + "/static/zero_copy.ptd");
-  for (int64_t position : positions) {
-    engine.SetPosition(position);
-    std::vector<double> times;
-    for (int64_t step = -kWarmup; step < steps; ++step) {
-      const auto started = Clock::now();
-      engine.Step();
-      if (step >= 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+  for (const bool host_io : {false, true}) {
+    const std::string variant = host_io ? "bare_engine_host_io" : "bare_engine";
+    const uint64_t replays = zerokv::engines::CudaGraphReplays();
+    for (int64_t position : positions) {
+      engine.SetPosition(position);
+      std::vector<double> times;
+      for (int64_t step = -kWarmup; step < steps; ++step) {
+        const auto started = Clock::now();
+        if (host_io) {
+          engine.StepWithHostIO((position * 7) % 1000, position);
+        } else {
+          engine.Step();
+        }
+        if (step >= 0) times.push_back(std::chrono::duration<double, std::milli>(Clock::now() - started).count());
+      }
+      Row(variant, position, times);
     }
-    Row("bare_engine", position, times);
+    Replays(variant, replays, positions.size() * (kWarmup + steps));
   }
 }
 

@@ -19,6 +19,7 @@ DECODERS = [  # (variant, column): the per-step medians, fastest zerokv first
     ("zerokv_runtime_owned", "zerokv runtime-owned"),
     ("zerokv_staged", "zerokv staged"),
     ("bare_engine", "bare engine"),
+    ("bare_engine_host_io", "bare engine, host I/O"),
     ("hf_eager", "HF eager"),
     ("hf_compile", "HF compile"),
     ("hf_compile_tight", "HF compile, tight cache"),
@@ -90,6 +91,9 @@ def table(model, rows):
         cosine, matches, steps = rows[variant][0]
         lines.append(f"- {variant[len('agreement_'):]} against Hugging Face eager over positions 0-{steps - 1}: "
                      f"min cosine {cosine:.6f}, top-1 equal at {int(matches)} of {steps}")
+    for variant in sorted(v for v in rows if v.startswith("cuda_graph_replays_")):
+        replays, _, steps = rows[variant][0]
+        lines.append(f"- {variant[len('cuda_graph_replays_'):]}: {int(replays)} CUDA graph replays in {steps} steps")
     lines.append(f"- device-to-device copy: {bandwidth:.0f} GB/s (read + written); weights "
                  f"{model['weight_bytes'] / 1e9:.3f} GB, KV {model['kv_bytes_per_position']} bytes per position")
     return "\n".join(lines) + "\n"

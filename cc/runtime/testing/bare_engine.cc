@@ -56,6 +56,11 @@ BareEngine::BareEngine(const std::string& blob_path, const std::string& data_pat
       owned_.push_back(data);
     }
     address_[binding.name] = data;
+    if (binding.direction == blob::Direction::kInput && binding.dtype == blob::DType::kInt64) {
+      host_inputs_.push_back({data, binding.name.find("position") != std::string::npos});
+    } else if (binding.direction == blob::Direction::kOutput && !aliased.count(binding.name)) {
+      host_outputs_.push_back({binding.name, data, blob::ElementBytes(binding.dtype), std::vector<uint8_t>(bytes)});
+    }
     if (binding.direction == blob::Direction::kInput) {
       Require(engine_->SetInputShape(binding.name, shape), binding.name);
     }
@@ -80,6 +85,25 @@ void BareEngine::SetPosition(int64_t position) {
 
 void BareEngine::Step() {
   Require(engine_->Enqueue(stream_), "Enqueue");
+  CudaOk(cudaStreamSynchronize(stream_), "synchronizing");
+}
+
+void BareEngine::StepWithHostIO(int64_t token, int64_t position) {
+  for (const HostInput& input : host_inputs_) {
+    CudaOk(cudaMemcpyAsync(input.device, input.is_position ? &position : &token, sizeof(int64_t),
+                           cudaMemcpyHostToDevice, stream_),
+           "writing an input");
+  }
+  Require(engine_->Enqueue(stream_), "Enqueue");
+  for (HostOutput& output : host_outputs_) {
+    std::vector<int64_t> shape;
+    Require(engine_->OutputShape(output.name, &shape), output.name);
+    size_t bytes = output.element_bytes;
+    for (int64_t extent : shape) bytes *= static_cast<size_t>(extent);
+    CudaOk(cudaMemcpyAsync(output.host.data(), output.device, std::min(bytes, output.host.size()),
+                           cudaMemcpyDeviceToHost, stream_),
+           "reading " + output.name);
+  }
   CudaOk(cudaStreamSynchronize(stream_), "synchronizing");
 }
 

@@ -2,7 +2,7 @@
 //
 // Every binding of the blob is bound to a device buffer of its largest shape (an aliased output to
 // its input's buffer), and a step is Enqueue plus a stream synchronize: no ExecuTorch, no binding
-// checks, no copies around it. A failure exits with a message naming the blob: a bench has nothing
+// checks, no copies around it (StepWithHostIO adds the host's). A failure exits with a message naming the blob: a bench has nothing
 // to recover.
 #pragma once
 
@@ -36,6 +36,11 @@ class BareEngine {
 
   void Step();
 
+  // A step as a runtime serving a host caller makes it: `token` into the int64 input that is not a
+  // position and `position` into those that are, copied from the host on the engine's stream
+  // before Enqueue, and every output that aliases no input copied back to the host after it.
+  void StepWithHostIO(int64_t token, int64_t position);
+
  private:
   void Require(const base::Status& status, const std::string& what) const;
 
@@ -47,6 +52,18 @@ class BareEngine {
   std::unique_ptr<engines::Engine> engine_;
   std::map<std::string, void*> address_;
   std::vector<void*> owned_;
+  struct HostInput {
+    void* device;
+    bool is_position;
+  };
+  struct HostOutput {
+    std::string name;
+    void* device;
+    size_t element_bytes;
+    std::vector<uint8_t> host;  // its largest shape's bytes
+  };
+  std::vector<HostInput> host_inputs_;    // StepWithHostIO's int64 inputs
+  std::vector<HostOutput> host_outputs_;  // and the outputs it copies back
   cudaStream_t stream_ = nullptr;
 };
 
