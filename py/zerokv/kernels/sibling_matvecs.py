@@ -1,17 +1,18 @@
 """Groups a graph's one-token products of one input into zerokv::matvec_siblings launches.
 
 A decoder's attention reads its normed input through three projections (query, key and value):
-three zerokv::matvec calls on one x. On the H200 the key's and value's [512, 2048] weights take 2.1
-us each alone, about half of it the launch's ramp rather than the 2 MiB they read
-(//tools/bench:matvec_bench); in one launch with the query's the three weights stream as one.
+three zerokv::matvec calls on one x. On the H200, Llama-3.2-1B's three took 8.5 us a layer as three
+launches and 5.2 us as one (//tools/bench:matvec_bench): alone, the key's and value's [512, 2048]
+weights are read at 0.9 TB/s.
 
 The grouping is exact: each product's rows are computed by the same code with the same blocks as a
 matvec call computes them. A call joins the first call of its group only if its weight and bias
 are defined before that first call, which the launch replaces; otherwise it stays a call of its own.
 
 It runs on the graph AOTInductor compiles (zerokv.aoti.compile_aoti), for ExecuTorch's edge ops as
-for ATen's, and on torch.compile's graphs (tools/bench/decode_roofline_profile.py). It needs no Triton: a graph holding zerokv::matvec calls was traced with the kernels
-loaded, which registered zerokv::matvec_siblings too.
+for ATen's, and on torch.compile's graphs (tools/bench/decode_roofline_profile.py). It needs no
+Triton: a graph holding zerokv::matvec calls was traced with the kernels loaded, which registered
+zerokv::matvec_siblings too.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ def group_sibling_matvecs(graph: torch.fx.Graph) -> list[list[str]]:
     calls_by_input = defaultdict(list)
     for node in graph.nodes:
         if node.op == "call_function" and _op_name(node.target) == MATVEC:
-            calls_by_input[node.args[0]].append(node)
+            calls_by_input[_operands(node)[0]].append(node)
     groups = []
     for x, calls in calls_by_input.items():
         while len(calls) > 1:
@@ -59,9 +60,9 @@ def _op_name(target):
 
 
 def _operands(call):
-    """(x, weight, bias or None) of a matvec call, its bias positional or by keyword."""
-    x, weight, *rest = call.args
-    return x, weight, rest[0] if rest else call.kwargs.get("bias")
+    """(x, weight, bias or None) of a matvec call, each positional or by keyword."""
+    named = {**dict(zip(("x", "weight", "bias"), call.args)), **call.kwargs}
+    return named["x"], named["weight"], named.get("bias")
 
 
 def _replace(graph, x, group):

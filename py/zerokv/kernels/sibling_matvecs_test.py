@@ -78,6 +78,19 @@ def test_nothing_to_group_leaves_the_graph_as_it_was():
     assert str(program.graph) == before
 
 
+def test_operands_by_keyword_are_read():
+    """torch.export passes them positionally; a graph may name them (torch.compile's keeps the call's)."""
+    graph = torch.fx.Graph()
+    x, query, key = (graph.placeholder(name) for name in ("x", "query", "key"))
+    first = graph.call_function(torch.ops.zerokv.matvec.default, (), {"x": x, "weight": query})
+    second = graph.call_function(torch.ops.zerokv.matvec.default, (x,), {"weight": key, "bias": None})
+    graph.output((first, second))
+    names = [first.name, second.name]
+    assert group_sibling_matvecs(graph) == [names]
+    launch = next(node for node in graph.nodes if node.target == torch.ops.zerokv.matvec_siblings.default)
+    assert launch.args == (x, [query, key], [None, None])
+
+
 def test_executorchs_edge_ops_are_grouped():
     """The AOTInductor engine compiles partitions of an edge program, whose calls are edge ops."""
     to_edge = pytest.importorskip("executorch.exir", reason="ExecuTorch is not installed (the GPU machine)").to_edge
