@@ -2,8 +2,8 @@
 //
 // Every binding of the blob is bound to a device buffer of its largest shape (an aliased output to
 // its input's buffer), and a step is Enqueue plus a stream synchronize: no ExecuTorch, no binding
-// checks, no copies around it (StepWithHostIO adds the host's). A failure exits with a message naming the blob: a bench has nothing
-// to recover.
+// checks, no copies around it (StepWithHostIO adds the host's). A failure exits with a message
+// naming the blob: a bench has nothing to recover.
 #pragma once
 
 #include <cuda_runtime_api.h>
