@@ -10,12 +10,13 @@ attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in 
 
 Why: a one-token step reads every weight once and does two flops per weight read, so its matrix
 products are bound by the memory's bandwidth. Inductor lowers them as reductions (with
-coordinate-descent tuning) or to cuBLAS. Alone, Inductor's reduction reads the large weights about
-as fast as this kernel (//tools/bench:matvec_bench; K and V's [512, 2048] took 3.5 us against 2.1),
-but in a decoder it takes in the pointwise work that makes its input (the RMS norm's scaling,
+coordinate-descent tuning) or to cuBLAS. Alone, Inductor's reduction reads most large weights about
+as fast as this kernel, though its tuning varies between compiles (//tools/bench:matvec_bench: gate
+and up's [8192, 2048] took 9.8 us in one run and 17.6 in the next, against 9.2; K and V's [512,
+2048] 3.0 against 2.3), but in a decoder it takes in the pointwise work that makes its input (the RMS norm's scaling,
 SiLU(gate) * up) and does it again for every row of the weight: on the H200 the down projection
 that computes SiLU(gate) * up took 13.3 us (results/h200/profile_ab_torch_linear.md) and 19.3 us in
-another compile (profile.md at 745c90e), against 9.5 alone. The input of a `triton_op` is a tensor,
+another compile (profile.md at 745c90e), against 9.6 alone. The input of a `triton_op` is a tensor,
 so Inductor computes it once, before. cuBLAS was slower than both on every shape but the output
 head. Each program reads BLOCK_N whole rows of the weight, BLOCK_K columns at
 a time, once and contiguously; `x` (a few KiB) stays in the cache.
@@ -35,8 +36,8 @@ from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
 # shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
-# shape (//tools/bench:matvec_bench, results/h200/matvec_bench.md): [8192, 2048] in 9.3 us (3.6
-# TB/s), [2048, 8192] in 9.8, [2048, 2048] in 3.9, [512, 2048] in 2.1.
+# shape (//tools/bench:matvec_bench, results/h200/matvec_bench.md): [8192, 2048] in 9.2 us (3.6
+# TB/s), [2048, 8192] in 9.8, [2048, 2048] in 3.9, [512, 2048] in 2.2.
 BLOCK_N = 2
 BLOCK_K = 1024
 NUM_WARPS = 4
