@@ -22,8 +22,9 @@
 //   bare_engine_host_io    the same engine, with the token and position copied from the host before
 //                          each step and the logits back to it after (BareEngine::StepWithHostIO):
 //                          what of a zerokv step's time over the bare engine's is the copies.
-// Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its timed
-// steps (median and p99 columns) and the steps (a step that did not replay ran uncaptured).
+// Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its steps,
+// warm-up included (median and p99 columns), and the steps (a step that did not replay ran
+// uncaptured).
 // Before timing, the runtime-owned and static programs decode the reference's tokens from
 // position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
 // `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
