@@ -357,27 +357,30 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
     if (!binding.argument) continue;
     const size_t argument = *binding.argument;
     const bool input = binding.spec.direction == blob::Direction::kInput;
-    const std::string what = std::string(input ? "input " : "output ") + Quote(binding.spec.name) +
-                             " (argument " + std::to_string(argument) + ")";
+    // Named only when an argument is refused: this runs for every binding at every step.
+    const auto what = [&] {
+      return std::string(input ? "input " : "output ") + Quote(binding.spec.name) + " (argument " +
+             std::to_string(argument) + ")";
+    };
     EValue* value = args[argument];
     if (value == nullptr || !value->isTensor()) {
-      return InvalidArgument(what + " is not a tensor");
+      return InvalidArgument(what() + " is not a tensor");
     }
     Tensor& tensor = value->toTensor();
     if (tensor.scalar_type() != *ToScalarType(binding.spec.dtype)) {
-      return InvalidArgument(what + " has dtype " +
+      return InvalidArgument(what() + " has dtype " +
                              executorch::runtime::toString(tensor.scalar_type()) + ", the blob " +
                              blob::ToString(binding.spec.dtype));
     }
     if (static_cast<size_t>(tensor.dim()) != binding.spec.shape.size()) {
-      return InvalidArgument(what + " has rank " + std::to_string(tensor.dim()) + ", the blob " +
+      return InvalidArgument(what() + " has rank " + std::to_string(tensor.dim()) + ", the blob " +
                              std::to_string(binding.spec.shape.size()));
     }
     if (input) {
       for (size_t d = 0; d < binding.spec.shape.size(); ++d) {
         const blob::Dim& bounds = binding.spec.shape[d];
         if (tensor.size(d) < bounds.min || tensor.size(d) > bounds.max) {
-          return InvalidArgument(what + " has shape " + ShapeString(ShapeOf(tensor)) + "; dim " +
+          return InvalidArgument(what() + " has shape " + ShapeString(ShapeOf(tensor)) + "; dim " +
                                  std::to_string(d) + " must lie in [" +
                                  std::to_string(bounds.min) + ", " + std::to_string(bounds.max) +
                                  "]");
@@ -392,21 +395,21 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
     const bool planned_on_device = tensor.device_type() == DeviceType::CUDA;
     const bool wants_device = binding.spec.device == blob::Device::kCuda;
     if (planned_on_device && cuda_engine && tensor.device_index() != device_id_) {
-      return InvalidArgument(what + " is planned on cuda:" + std::to_string(tensor.device_index()) +
+      return InvalidArgument(what() + " is planned on cuda:" + std::to_string(tensor.device_index()) +
                              ", but the delegate runs on cuda:" + std::to_string(device_id_));
     }
     if (planned_on_device && cuda_engine && !wants_device) {
-      return InvalidArgument(what + " is planned in CUDA memory, but the engine reads it on the host "
+      return InvalidArgument(what() + " is planned in CUDA memory, but the engine reads it on the host "
                                     "(its binding is CPU in the blob)");
     }
     if (planned_on_device && cuda_engine && tensor.nbytes() != 0 &&
         !ops_->IsDeviceMemory(tensor.const_data_ptr())) {
-      return InvalidArgument(what + " is planned in CUDA memory but its pointer is not CUDA "
+      return InvalidArgument(what() + " is planned in CUDA memory but its pointer is not CUDA "
                              "memory: is a CUDA DeviceAllocator registered?");
     }
     if (binding.alias_target && wants_device && !planned_on_device) {
       return InvalidArgument(
-          what + " is host-resident, but it is an aliased input: the engine writes its update "
+          what() + " is host-resident, but it is an aliased input: the engine writes its update "
                  "through this buffer, so it must be device-resident (planned in CUDA memory). "
                  "Staging it would discard the update; was the program finalized without "
                  "non-CPU memory planning?");
