@@ -24,7 +24,8 @@
 //                          what of a zerokv step's time over the bare engine's is the copies.
 // Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its steps,
 // warm-up included (median and p99 columns), and the steps (a step that did not replay ran
-// uncaptured).
+// uncaptured). The last row, `dependent_launch_edges`, gives the kernel-to-kernel edges the engines
+// made programmatic in their captures (median and p99 columns) and the captures that have any.
 // Before timing, the runtime-owned and static programs decode the reference's tokens from
 // position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
 // `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
@@ -271,5 +272,8 @@ int main(int argc, char** argv) {
   Static(dir, "zero_copy", "zerokv_static", &reference, steps, positions);
   Static(dir, "staged", "zerokv_staged", nullptr, std::min<int64_t>(steps, kStagedSteps), positions);
   Bare(dir, steps, positions);
+  const auto edges = static_cast<unsigned long long>(zerokv::engines::DependentLaunchEdges());
+  std::printf("dependent_launch_edges\t0\t%llu\t%llu\t%llu\n", edges, edges,
+              static_cast<unsigned long long>(zerokv::engines::DependentLaunchGraphs()));
   return 0;
 }

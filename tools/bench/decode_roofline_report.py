@@ -94,6 +94,10 @@ def table(model, rows):
     for variant in sorted(v for v in rows if v.startswith("cuda_graph_replays_")):
         replays, _, steps = rows[variant][0]
         lines.append(f"- {variant[len('cuda_graph_replays_'):]}: {int(replays)} CUDA graph replays in {steps} steps")
+    if "dependent_launch_edges" in rows:
+        edges, _, graphs = rows["dependent_launch_edges"][0]
+        lines.append(f"- dependent launch: {int(edges)} kernel-to-kernel edges made programmatic in {graphs} "
+                     f"captured graphs")
     lines.append(f"- device-to-device copy: {bandwidth:.0f} GB/s (read + written); weights "
                  f"{model['weight_bytes'] / 1e9:.3f} GB, KV {model['kv_bytes_per_position']} bytes per position")
     return "\n".join(lines) + "\n"

@@ -30,6 +30,8 @@
 #include <ATen/cuda/CUDAGraph.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <c10/cuda/CUDAStream.h>
+
+#include "cc/engines/aoti/dependent_launch.h"
 #endif
 
 namespace zerokv::engines {
@@ -38,6 +40,8 @@ namespace {
 std::atomic<uint64_t> cuda_graph_replays{0};
 std::atomic<uint64_t> cuda_graph_updates{0};
 std::atomic<uint64_t> cuda_graphs_captured_ahead{0};
+std::atomic<uint64_t> dependent_launch_edges{0};
+std::atomic<uint64_t> dependent_launch_graphs{0};
 
 using base::Internal;
 using base::InvalidProgram;
@@ -453,6 +457,7 @@ class AotiEngine final : public Engine {
     } catch (const std::exception& error) {
       if (captured.ok()) captured = Internal(error.what());
     }
+    if (captured.ok()) captured = LetKernelsLaunchEarly(graph);
     if (!captured.ok()) {
       cudaGetLastError();  // the capture's error, reported below
       outputs_.clear();
@@ -464,8 +469,17 @@ class AotiEngine final : public Engine {
   }
 
   Status CaptureAndReplay(StreamHandle stream, GraphKey key) {
-    auto graph = std::make_unique<at::cuda::CUDAGraph>();
+    auto graph = std::make_unique<at::cuda::CUDAGraph>(/*keep_graph=*/true);  // edited, then instantiated
     if (!Capture(stream, *graph, {0, 0}).ok()) return Run(stream);
+    try {
+      graph->instantiate();
+    } catch (const std::exception& error) {
+      cuda_graph_ = false;
+      std::fprintf(stderr, "zerokv: AOTInductor engine: CUDA graphs off, running each step as it is: "
+                           "instantiating a capture failed: %s\n", error.what());
+      outputs_.clear();
+      return Run(stream);
+    }
     graph_ = std::move(graph);
     graph_key_ = std::move(key);
     return Replay();
@@ -508,6 +522,27 @@ class AotiEngine final : public Engine {
     return Replay();
   }
 
+  // Makes the edges into the package's waiting kernels programmatic in a capture
+  // (dependent_launch.h). A failure that leaves the graph whole only stops doing it, saying so once;
+  // one that leaves it without an edge fails the capture.
+  Status LetKernelsLaunchEarly(at::cuda::CUDAGraph& graph) {
+    if (early_kernels_.empty()) return Status::Ok();
+    int edges = 0;
+    bool intact = true;
+    Status made = engines::LetKernelsLaunchEarly(graph.raw_cuda_graph(), early_kernels_, &edges, &intact);
+    if (!made.ok()) {
+      early_kernels_.clear();
+      std::fprintf(stderr, "zerokv: AOTInductor engine: every kernel launches after the one before it ends from "
+                           "now on: %s\n", made.message().c_str());
+      if (!intact) return made;
+    }
+    if (edges > 0) {
+      dependent_launch_edges.fetch_add(edges, std::memory_order_relaxed);
+      dependent_launch_graphs.fetch_add(1, std::memory_order_relaxed);
+    }
+    return Status::Ok();
+  }
+
   Status Replay() {
     try {
       graph_->replay();
@@ -529,13 +564,32 @@ class AotiEngine final : public Engine {
     }
 #ifdef ZEROKV_WITH_TORCH_CUDA
     cuda_graph_ = true;
-    return Status::Ok();
+    return ReadDependentLaunch(metadata);
 #else
     return base::NotSupported(
         "the AOTInductor package asks for CUDA graphs (zerokv.cuda_graph), but this engine was built "
         "without torch's CUDA libraries");
 #endif
   }
+
+#ifdef ZEROKV_WITH_TORCH_CUDA
+  // zerokv.dependent_launch_kernels: the kernels that wait for the one before them, whose edges the
+  // captures make programmatic, on a device that has such edges (sm_90 on). compile_aoti names them
+  // only where it compiled them with the wait.
+  Status ReadDependentLaunch(const std::map<std::string, std::string>& metadata) {
+    auto kernels = metadata.find("zerokv.dependent_launch_kernels");
+    if (kernels == metadata.end()) return Status::Ok();
+    int major = 0;
+    const cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index_);
+    if (error != cudaSuccess) {
+      return Internal("cannot read CUDA device " + std::to_string(device_index_) + "'s compute capability: " +
+                      cudaGetErrorString(error));
+    }
+    if (major < 9) return Status::Ok();
+    for (const std::string& name : Split(kernels->second, ',')) early_kernels_.insert(name);
+    return Status::Ok();
+  }
+#endif
 
   Slot* Find(const std::string& name) {
     for (Slot& slot : slots_) {
@@ -686,6 +740,7 @@ class AotiEngine final : public Engine {
   std::vector<at::Tensor> outputs_;
 #ifdef ZEROKV_WITH_TORCH_CUDA
   bool cuda_graph_ = false;                     // zerokv.cuda_graph: capture runs, replay them
+  std::set<std::string> early_kernels_;         // zerokv.dependent_launch_kernels, where they can
   GraphKey seen_key_;                           // the binding of the last run
   std::unique_ptr<at::cuda::CUDAGraph> graph_;  // captured for graph_key_
   GraphKey graph_key_;
@@ -707,6 +762,10 @@ uint64_t CudaGraphReplays() { return cuda_graph_replays.load(std::memory_order_r
 uint64_t CudaGraphUpdates() { return cuda_graph_updates.load(std::memory_order_relaxed); }
 
 uint64_t CudaGraphsCapturedAhead() { return cuda_graphs_captured_ahead.load(std::memory_order_relaxed); }
+
+uint64_t DependentLaunchEdges() { return dependent_launch_edges.load(std::memory_order_relaxed); }
+
+uint64_t DependentLaunchGraphs() { return dependent_launch_graphs.load(std::memory_order_relaxed); }
 
 Status CreateAotiEngine(const blob::Blob& blob, const NamedDataMap* named_data,
                         std::unique_ptr<Engine>* engine) {

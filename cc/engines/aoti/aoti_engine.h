@@ -19,6 +19,7 @@
 //   zerokv.aliases   "output=input;..."             outputs written through an input
 //   zerokv.device    "cpu" | "cuda"
 //   zerokv.cuda_graph "0" | "1"                     capture runs as CUDA graphs (CUDA packages)
+//   zerokv.dependent_launch_kernels "name,..."     kernels that wait for the kernel before them
 //
 // CUDA graphs (zerokv.cuda_graph, where torch's CUDA libraries are linked: ZEROKV_WITH_TORCH_CUDA):
 // the second consecutive run with the same binding (every bound address and capacity, every input
@@ -29,7 +30,9 @@
 // the executable graph updated in place from that capture; Prepare, given that binding ahead (the
 // caches' reserves), captures it then, so that the growth step only updates and replays. A capture
 // that fails turns graphs off for the engine, with a message on stderr, and the run goes on
-// uncaptured.
+// uncaptured. In each capture, on sm_90 and later, the edges into the kernels that
+// zerokv.dependent_launch_kernels names are made programmatic (dependent_launch.h): those kernels
+// launch before the kernel they follow has ended.
 //
 // Aliased I/O: a cache the model mutates is an input AOTInductor writes in place (an in-place
 // index_copy_ compiles to a kernel that stores into the input's buffer). The engine wraps every
@@ -60,6 +63,11 @@ uint64_t CudaGraphUpdates();
 // Graphs for a binding that moved (updated in place or instantiated) whose capture was made ahead,
 // by Prepare, rather than in the step that switched to the binding.
 uint64_t CudaGraphsCapturedAhead();
+
+// The kernel-to-kernel edges made programmatic in captured graphs (dependent_launch.h), and the
+// graphs that have any, by every AOTInductor engine of the process so far.
+uint64_t DependentLaunchEdges();
+uint64_t DependentLaunchGraphs();
 
 // Loads the AOTInductor package in blob.payload (device blob.device_id for a CUDA package) and its
 // constants from `named_data`.

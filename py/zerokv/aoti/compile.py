@@ -26,6 +26,11 @@ package, the blob or a temporary file.
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
 value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
 (zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
+
+Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
+the zerokv kernels that wait for the kernel before them (zerokv.kernels.dependent_launch); the
+engine lets those launch before that kernel ends. Kernels keep their own names in the package (Inductor's unique user kernel names
+off), which is what the engine matches.
 """
 
 import dataclasses
@@ -45,6 +50,7 @@ from zerokv import blob
 from zerokv.aoti.int_array_declarations import writers_kept_alive
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
+from zerokv.kernels import dependent_launch
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
@@ -111,12 +117,8 @@ def compile_aoti(
 
     bindings, aliased_io = _binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
-    metadata = {
-        "zerokv.bindings": ";".join(f"{b.name}:{b.direction.name}:{b.dtype.name}" for b in bindings),
-        "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
-        "zerokv.device": torch_device.type,
-        "zerokv.cuda_graph": "1" if cuda_graph else "0",
-    }
+    early = dependent_launch.KERNELS if dependent_launch.supported(torch_device) else ()
+    metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph, early)
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
     if group_sibling_matvecs(module.graph):
@@ -133,6 +135,7 @@ def compile_aoti(
                 # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
                 "aot_inductor.package_constants_on_disk_format": "pickle_weights",
                 "coordinate_descent_tuning": coordinate_descent_tuning,
+                "triton.unique_user_kernel_names": False,
             },
         )
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
@@ -145,6 +148,20 @@ def compile_aoti(
         with open(path, "rb") as package:
             build.payload = package.read()
     return build
+
+
+def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: bool,
+                     early_kernels: Sequence[str]) -> dict:
+    """The package's AOTInductor metadata, which the C++ engine reads back. `early_kernels`: the
+    kernels compiled to wait for the kernel before them (zerokv.kernels.dependent_launch), none
+    where the compiling device has no such wait."""
+    return {
+        "zerokv.bindings": ";".join(f"{b.name}:{b.direction.name}:{b.dtype.name}" for b in bindings),
+        "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
+        "zerokv.device": device.type,
+        "zerokv.cuda_graph": "1" if cuda_graph else "0",
+        "zerokv.dependent_launch_kernels": ",".join(early_kernels),
+    }
 
 
 def _add_constant(build, name, tensor):

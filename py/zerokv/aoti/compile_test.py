@@ -5,7 +5,8 @@ import pytest
 import torch
 
 from zerokv import blob
-from zerokv.aoti.compile import _binding_table, _export
+from zerokv.aoti.compile import _binding_table, _export, package_metadata
+from zerokv.kernels import dependent_launch
 
 
 class MutatingStep(torch.nn.Module):
@@ -76,3 +77,13 @@ def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch(monke
         compile_aoti(_export(Projections(), (torch.randn(1, 1, 16),), None), [torch.randn(1, 1, 16)], "cpu")
     targets = caught.value.args[0]
     assert targets.count("zerokv.matvec_siblings.default") == 1 and "zerokv.matvec.default" not in targets
+
+
+def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compiled_to():
+    bindings, aliased_io = _table(MutatingStep(), _inputs())
+    cuda = package_metadata(bindings, aliased_io, torch.device("cuda"), True, dependent_launch.KERNELS)
+    assert cuda["zerokv.dependent_launch_kernels"].split(",") == list(dependent_launch.KERNELS)
+    assert cuda["zerokv.aliases"] == "k_cache_out=k_cache" and cuda["zerokv.cuda_graph"] == "1"
+    cpu = package_metadata(bindings, aliased_io, torch.device("cpu"), False, ())
+    assert cpu["zerokv.dependent_launch_kernels"] == "" and cpu["zerokv.device"] == "cpu"
+    assert not dependent_launch.supported(torch.device("cpu"))

@@ -1,8 +1,9 @@
-"""zerokv::flash_decode's and zerokv::matvec's kernels (matvec, gated_matvec, matvec_siblings) compile for the H200 (sm_90) on any machine: Triton lowers them to
-PTX and its bundled ptxas assembles them, no GPU needed. The interpreter (flash_decode_test, matvec_test) checks
-what they compute but not their types: a scale that Inductor passes as float64 once changed a
-loop-carried value's type, which only the compiler refuses. Compiled kernels take no CPU tensors:
-the operator refuses them by name."""
+"""zerokv::flash_decode's and zerokv::matvec's kernels (matvec, gated_matvec, matvec_siblings) compile for the
+H200 (sm_90) on any machine: Triton lowers them to PTX and its bundled ptxas assembles them, no GPU needed. The
+interpreter (flash_decode_test, matvec_test) checks what they compute but not their types: a scale that Inductor
+passes as float64 once changed a loop-carried value's type, which only the compiler refuses. The PTX also shows
+what a kernel does before its wait for the kernel before it (zerokv.kernels.dependent_launch), which the
+interpreter does not run. Compiled kernels take no CPU tensors: the operator refuses them by name."""
 
 import os
 
@@ -16,6 +17,7 @@ import triton  # noqa: E402  (the venv pins it)
 from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
+from zerokv.kernels import dependent_launch  # noqa: E402
 from zerokv.kernels import flash_decode as fd  # noqa: E402
 from zerokv.kernels import matvec as mv  # noqa: E402
 
@@ -30,11 +32,15 @@ def _fresh_triton_cache(tmp_path, monkeypatch):
 
 
 def _compile(kernel, types, constants, num_warps):
-    """Compiles `kernel` with argument types `types` (by name; integers default to `types["int"]`)."""
+    """Compiles `kernel` with argument types `types` (by name; integers default to `types["int"]`).
+    Every pointer and integer is taken as a multiple of 16, as the launch specializes the
+    tensors and sizes of the models' shapes, so that the loads are the vector loads a GPU runs."""
     signature = {}
     for name in kernel.arg_names:
         signature[name] = "constexpr" if name in constants else types.get(name, types["int"])
-    source = ASTSource(fn=kernel, signature=signature,
+    aligned = {(index,): [["tt.divisibility", 16]] for index, name in enumerate(kernel.arg_names)
+               if signature[name] != "constexpr" and signature[name][0] in "*i"}
+    source = ASTSource(fn=kernel, signature=signature, attrs=aligned,
                        constexprs={(kernel.arg_names.index(name),): value for name, value in constants.items()})
     return triton.compile(source, target=H200, options={"num_warps": num_warps})
 
@@ -43,17 +49,26 @@ def _compile(kernel, types, constants, num_warps):
 @pytest.mark.parametrize("scale", ["fp32", "fp64"])  # Inductor passes a Python float as float64
 @pytest.mark.parametrize("integers", ["i32", "i64"])  # strides and sizes past 2**31 arrive as i64
 def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers):
+    compiled = _split(dtype, scale, integers, dependent_launch=True)
+    assert ".entry _split_kernel" in compiled.asm["ptx"]
+
+
+def _split(dtype, scale, integers, dependent_launch):
     types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "partial_out": "*fp32", "partial_max": "*fp32",
              "partial_sum": "*fp32", "Position": "*i64", "scale": scale, "int": integers}
-    compiled = _compile(fd._split_kernel, types, {**LLAMA_1B, "BLOCK_N": fd.BLOCK_N}, num_warps=4)
-    assert ".entry _split_kernel" in compiled.asm["ptx"]
+    return _compile(fd._split_kernel, types,
+                    {**LLAMA_1B, "BLOCK_N": fd.BLOCK_N, "DEPENDENT_LAUNCH": dependent_launch}, num_warps=4)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 def test_the_combine_kernel_compiles_for_the_h200(dtype):
-    types = {"partial_out": "*fp32", "partial_max": "*fp32", "partial_sum": "*fp32", "Out": f"*{dtype}", "int": "i32"}
-    compiled = _compile(fd._combine_kernel, types, LLAMA_1B, num_warps=1)
+    compiled = _combine(dtype, dependent_launch=True)
     assert ".entry _combine_kernel" in compiled.asm["ptx"]
+
+
+def _combine(dtype, dependent_launch):
+    types = {"partial_out": "*fp32", "partial_max": "*fp32", "partial_sum": "*fp32", "Out": f"*{dtype}", "int": "i32"}
+    return _compile(fd._combine_kernel, types, {**LLAMA_1B, "DEPENDENT_LAUNCH": dependent_launch}, num_warps=1)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
@@ -61,24 +76,93 @@ def test_the_combine_kernel_compiles_for_the_h200(dtype):
 @pytest.mark.parametrize("integers", ["i32", "i64"])
 @pytest.mark.parametrize("bias, gated", [(True, False), (False, False), (False, True)])
 def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, gated):
+    compiled = _matvec(dtype, inputs, integers, bias, gated, dependent_launch=True)
+    assert ".entry _matvec_kernel" in compiled.asm["ptx"]
+
+
+def _matvec(dtype, inputs, integers, bias, gated, dependent_launch):
     types = {"X": f"*{dtype}", "W": f"*{dtype}", "Up": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}",
              "int": integers}
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
-    compiled = _compile(mv._matvec_kernel, types, {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n,
-                                                   "BLOCK_K": block_k, "EVEN_K": inputs % block_k == 0}, num_warps)
-    assert ".entry _matvec_kernel" in compiled.asm["ptx"]
+    return _compile(mv._matvec_kernel, types,
+                    {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                     "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch}, num_warps)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("integers", ["i32", "i64"])
 @pytest.mark.parametrize("biases", [(False, False, False), (True, True, True), (True, False, True)])
 def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases):
+    compiled = _siblings(dtype, integers, biases, dependent_launch=True)
+    assert ".entry _siblings_kernel" in compiled.asm["ptx"]
+
+
+def _siblings(dtype, integers, biases, dependent_launch):
     types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2")}
     block_n, block_k, num_warps = mv.config_for(512, 2048)
-    compiled = _compile(mv._siblings_kernel, {**types, "int": integers},
-                        {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
-                         "BLOCK_K": block_k, "EVEN_K": True}, num_warps)
-    assert ".entry _siblings_kernel" in compiled.asm["ptx"]
+    return _compile(mv._siblings_kernel, {**types, "int": integers},
+                    {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
+                     "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch}, num_warps)
+
+
+def _around_the_waits(ptx, paths=1):
+    """(the global loads and stores before a griddepcontrol.wait, those after it) for each of the
+    kernel's `paths`, in the PTX's order: one, or the siblings kernel's one per product, each of
+    which ends in `bra.uni` (a loop's jump back ends in one too: the siblings here have none)."""
+    # Without the predicate a masked access starts with (`@%p1 ld.global...`).
+    instructions = [line.strip().split(" ", 1)[1] if line.strip().startswith("@") else line.strip()
+                    for line in ptx.splitlines()]
+    found, path = [], []
+    for line in instructions:
+        if line.startswith(("ld.global", "st.global", "griddepcontrol.wait")):
+            path.append(line)
+        elif line.startswith("bra.uni") and paths > 1:
+            found.append(path)
+            path = []
+    found.append(path)
+    found = [path for path in found if path]
+    assert len(found) == paths
+    around = []
+    for path in found:
+        waits = [index for index, line in enumerate(path) if line.startswith("griddepcontrol.wait")]
+        assert len(waits) == 1, path
+        around.append((path[:waits[0]], path[waits[0] + 1:]))
+    return around
+
+
+def test_the_kernels_that_may_launch_early_are_these():
+    kernels = (mv._matvec_kernel, mv._siblings_kernel, fd._split_kernel, fd._combine_kernel)
+    assert set(dependent_launch.KERNELS) == {kernel.__name__ for kernel in kernels}
+
+
+@pytest.mark.parametrize("kernel", ["matvec", "down", "gated", "bias", "partial columns", "siblings"])
+def test_a_product_reads_only_its_first_weights_before_its_wait(kernel):
+    """The weights are the engine's constants, so loading them early is safe; x and the bias are
+    not read, and no output written, before the kernel before has completed. The weights' loads are
+    the ones that evict first."""
+    compiled = {"matvec": lambda: _matvec("bf16", 2048, "i32", False, False, True),
+                "down": lambda: _matvec("bf16", 8192, "i32", False, False, True),
+                "gated": lambda: _matvec("bf16", 2048, "i32", False, True, True),
+                "bias": lambda: _matvec("bf16", 2048, "i32", True, False, True),
+                "partial columns": lambda: _matvec("bf16", 100, "i64", True, True, True),
+                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True)}[kernel]()
+    for before, after in _around_the_waits(compiled.asm["ptx"], paths=3 if kernel == "siblings" else 1):
+        assert before and all(line.startswith("ld.global") and "evict_first" in line for line in before)
+        assert any(line.startswith("ld.global") and "evict_first" not in line for line in after)  # x
+        assert any(line.startswith("st.global") for line in after)
+
+
+@pytest.mark.parametrize("kernel", ["split", "combine"])
+def test_attention_reads_nothing_before_its_wait(kernel):
+    compiled = _split("bf16", "fp64", "i32", True) if kernel == "split" else _combine("bf16", True)
+    [(before, after)] = _around_the_waits(compiled.asm["ptx"])
+    assert before == [] and after
+
+
+def test_without_dependent_launch_a_kernel_has_no_wait():
+    for compiled in (_matvec("bf16", 2048, "i32", False, True, False), _siblings("bf16", "i32", (False,) * 3, False),
+                     _split("bf16", "fp32", "i32", False), _combine("bf16", False)):
+        assert "griddepcontrol" not in compiled.asm["ptx"]
 
 
 def test_without_the_interpreter_cpu_tensors_are_refused_by_name():

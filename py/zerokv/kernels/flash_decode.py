@@ -29,8 +29,10 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
+from zerokv.kernels import dependent_launch
 from zerokv.kernels.flash_decode_contract import DTYPES, MIN_DOT_SIZE, FlashDecodeError, head_dim_problem
 
 # Positions a program reads per step of its sweep; a chunk is a whole number of them.
@@ -49,7 +51,12 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
                   stride_vb, stride_vh, stride_vn, stride_vd,
                   scale,
                   SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr):
+    # Everything this kernel reads may be written by the kernels before it (the query, the caches'
+    # new position): it waits before anything (zerokv.kernels.dependent_launch).
+    if DEPENDENT_LAUNCH:
+        gdc_launch_dependents()
+        gdc_wait()
     split = tl.program_id(0)
     sequence = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -106,7 +113,10 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
 def _combine_kernel(partial_out, partial_max, partial_sum, Out, kv_heads,
                     stride_ob, stride_oh, stride_od,
                     SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                    HEAD_DIM: tl.constexpr):
+                    HEAD_DIM: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr):
+    if DEPENDENT_LAUNCH:
+        gdc_launch_dependents()
+        gdc_wait()
     sequence_head = tl.program_id(0)  # one program per (sequence, query head)
     sequence = sequence_head // (kv_heads * GROUP)
     head = sequence_head % (kv_heads * GROUP)
@@ -185,11 +195,12 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
         query.stride(0), query.stride(1), query.stride(3),
         *key.stride(), *value.stride(), scale,
         SPLITS=splits, GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent_launch.supported(query.device), num_warps=num_warps)
     launcher(_combine_kernel)[(batch * query_heads,)](
         partial_out, partial_max, partial_sum, out, kv_heads,
         out.stride(0), out.stride(2), out.stride(3),
-        SPLITS=splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim, num_warps=1)
+        SPLITS=splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim,
+        DEPENDENT_LAUNCH=dependent_launch.supported(query.device), num_warps=1)
     return out
 
 

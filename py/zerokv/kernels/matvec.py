@@ -30,8 +30,10 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
+from zerokv.kernels import dependent_launch
 from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is_one_row
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
@@ -45,7 +47,8 @@ NUM_WARPS = 4
 
 @triton.jit
 def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
-          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+          DEPENDENT_LAUNCH: tl.constexpr):
     """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
@@ -54,9 +57,23 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
     # size of 8192) would wrap in 32.
     row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
     up_row_starts = Up + rows.to(tl.int64)[:, None] * stride_un
+    # The first tile of the weights, which no kernel writes, before the wait for the kernel before
+    # (zerokv.kernels.dependent_launch); x, which that kernel may write, after it. The tile is
+    # multiplied last, so that the loop's loads are issued while it is on its way.
+    if EVEN_K:
+        first_mask = inside_rows[:, None]
+    else:
+        first_mask = inside_rows[:, None] & (columns < K)[None, :]
+    first_tile = tl.load(row_starts + columns[None, :], mask=first_mask, other=0.0, eviction_policy="evict_first")
+    if GATED:
+        up_first_tile = tl.load(up_row_starts + columns[None, :], mask=first_mask, other=0.0,
+                                eviction_policy="evict_first")
+    if DEPENDENT_LAUNCH:
+        gdc_launch_dependents()
+        gdc_wait()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for start in range(0, K, BLOCK_K):
+    for start in range(BLOCK_K, K, BLOCK_K):
         if EVEN_K:
             mask = inside_rows[:, None]
             x = tl.load(X + start + columns)
@@ -69,6 +86,13 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
         if GATED:
             up = tl.load(up_row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
             up_acc += up.to(tl.float32) * x.to(tl.float32)[None, :]
+    if EVEN_K:
+        x = tl.load(X + columns)
+    else:
+        x = tl.load(X + columns, mask=columns < K, other=0.0)
+    acc += first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
+    if GATED:
+        up_acc += up_first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
@@ -79,26 +103,31 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
 
 @triton.jit
 def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
-                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
-    _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K)
+                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                   DEPENDENT_LAUNCH: tl.constexpr):
+    _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
+          DEPENDENT_LAUNCH)
 
 
 @triton.jit
 def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
                      K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr):
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     DEPENDENT_LAUNCH: tl.constexpr):
     """Up to three products of one x in one launch: the programs are the first product's blocks
     of rows, then the second's, then the third's (N2 0 when there are two)."""
     block = tl.program_id(0)
     first = tl.cdiv(N0, BLOCK_N)
     second = first + tl.cdiv(N1, BLOCK_N)
     if block < first:
-        _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K)
+        _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH)
     elif block < second:
-        _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K)
+        _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH)
     else:
         _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
-              EVEN_K)
+              EVEN_K, DEPENDENT_LAUNCH)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
@@ -170,7 +199,8 @@ def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, launcher=
     launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
         x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
         weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), num_warps=num_warps)
     return out
 
 
@@ -186,7 +216,8 @@ def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, launc
         x, *(weight for weight, _, _ in slots), *(weight if bias is None else bias for weight, bias, _ in slots),
         *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
         HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, num_warps=num_warps)
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), num_warps=num_warps)
     return outs
 
 
