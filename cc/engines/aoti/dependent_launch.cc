@@ -40,7 +40,8 @@ const Driver& TheDriver() {
     Driver found;
     Find("cuGraphKernelNodeGetParams", 12000, &found.kernel_node_params, &found.missing);
     Find("cuFuncGetName", 12030, &found.function_name, &found.missing);
-    Find("cuKernelGetName", 12030, &found.kernel_name, &found.missing);
+    std::string optional;  // only kernels launched as CUkernel handles need it
+    Find("cuKernelGetName", 12030, &found.kernel_name, &optional);
     return found;
   }();
   return driver;
@@ -65,7 +66,8 @@ std::string KernelNodeName(cudaGraphNode_t node) {
   const char* name = nullptr;
   if (params.func != nullptr) {
     if (driver.function_name(&name, params.func) != CUDA_SUCCESS) return "";
-  } else if (params.kern == nullptr || driver.kernel_name(&name, params.kern) != CUDA_SUCCESS) {
+  } else if (params.kern == nullptr || driver.kernel_name == nullptr ||
+             driver.kernel_name(&name, params.kern) != CUDA_SUCCESS) {
     return "";
   }
   return name == nullptr ? "" : name;
