@@ -3,7 +3,8 @@ H200 (sm_90) on any machine: Triton lowers them to PTX and its bundled ptxas ass
 interpreter (flash_decode_test, matvec_test) checks what they compute but not their types: a scale that Inductor
 passes as float64 once changed a loop-carried value's type, which only the compiler refuses. The PTX also shows
 what a kernel does before its wait for the kernel before it (zerokv.kernels.dependent_launch), which the
-interpreter does not run. Compiled kernels take no CPU tensors: the operator refuses them by name."""
+interpreter does not run, and Inductor's analysis of a kernel's IR which arguments it writes. Compiled kernels
+take no CPU tensors: the operator refuses them by name."""
 
 import os
 
@@ -157,6 +158,51 @@ def test_attention_reads_nothing_before_its_wait(kernel):
     compiled = _split("bf16", "fp64", "i32", True) if kernel == "split" else _combine("bf16", True)
     [(before, after)] = _around_the_waits(compiled.asm["ptx"])
     assert before == [] and after
+
+
+@pytest.fixture
+def _an_h200_for_triton():
+    """Triton's active driver reports the H200's target (Inductor's analysis asks it), on a machine
+    without a GPU."""
+    class H200Driver:
+        def get_current_target(self):
+            return H200
+
+    # Put back as it was: this machine has no driver for reset_active() to find.
+    active = triton.runtime.driver._active
+    triton.runtime.driver.set_active(H200Driver())
+    yield
+    triton.runtime.driver._active = active
+
+
+@pytest.mark.parametrize("dependent_launch", [False, True])
+def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, dependent_launch):
+    """What Inductor takes a user kernel to write, it copies before every launch. An inline assembly
+    it cannot analyze (an impure one, as Triton's own gdc_wait) makes it take every argument as
+    written: on the H200 the 1B decode step copied its weights and took 2.5 times as long."""
+    from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
+
+    def written(kernel, **kwargs):
+        accesses = identify_accessed_tensors(kernel, {**kwargs, "DEPENDENT_LAUNCH": dependent_launch}, {})
+        return sorted(dependency.name for dependency in accesses.read_writes.writes)
+
+    bf16, fp32 = torch.bfloat16, torch.float32
+    x, weight, y = torch.empty(2048, dtype=bf16), torch.empty(8192, 2048, dtype=bf16), torch.empty(8192, dtype=bf16)
+    assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Y=y, N=8192, stride_wn=2048, stride_un=2048,
+                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True) == ["Y"]
+    assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y, Y2=y,
+                   N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, K=2048, HAS_BIAS0=False,
+                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True) == ["Y0", "Y1", "Y2"]
+    query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
+    partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
+    assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
+                   partial_sum=rows, Position=torch.empty(1, dtype=torch.int64), capacity=4096, kv_heads=8,
+                   stride_qb=2048, stride_qh=64, stride_qd=1, stride_kb=2097152, stride_kh=262144, stride_kn=64,
+                   stride_kd=1, stride_vb=2097152, stride_vh=262144, stride_vn=64, stride_vd=1, scale=0.125,
+                   **LLAMA_1B, BLOCK_N=fd.BLOCK_N) == ["partial_max", "partial_out", "partial_sum"]
+    out = torch.empty(1, 1, 32, 64, dtype=bf16)
+    assert written(fd._combine_kernel, partial_out=partial, partial_max=rows, partial_sum=rows, Out=out, kv_heads=8,
+                   stride_ob=2048, stride_oh=64, stride_od=1, **LLAMA_1B) == ["Out"]
 
 
 def test_without_dependent_launch_a_kernel_has_no_wait():

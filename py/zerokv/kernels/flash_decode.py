@@ -29,10 +29,10 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
 from zerokv.kernels import dependent_launch
+from zerokv.kernels.grid_dependency import wait_for_the_kernel_before
 from zerokv.kernels.flash_decode_contract import DTYPES, MIN_DOT_SIZE, FlashDecodeError, head_dim_problem
 
 # Positions a program reads per step of its sweep; a chunk is a whole number of them.
@@ -55,8 +55,11 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     # Everything this kernel reads may be written by the kernels before it (the query, the caches'
     # new position): it waits before anything (zerokv.kernels.dependent_launch).
     if DEPENDENT_LAUNCH:
-        gdc_launch_dependents()
-        gdc_wait()
+        after_the_wait = wait_for_the_kernel_before()
+        Q += after_the_wait
+        K += after_the_wait
+        V += after_the_wait
+        Position += after_the_wait
     split = tl.program_id(0)
     sequence = tl.program_id(1) // kv_heads
     kv_head = tl.program_id(1) % kv_heads
@@ -115,8 +118,10 @@ def _combine_kernel(partial_out, partial_max, partial_sum, Out, kv_heads,
                     SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
                     HEAD_DIM: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr):
     if DEPENDENT_LAUNCH:
-        gdc_launch_dependents()
-        gdc_wait()
+        after_the_wait = wait_for_the_kernel_before()
+        partial_out += after_the_wait
+        partial_max += after_the_wait
+        partial_sum += after_the_wait
     sequence_head = tl.program_id(0)  # one program per (sequence, query head)
     sequence = sequence_head // (kv_heads * GROUP)
     head = sequence_head % (kv_heads * GROUP)

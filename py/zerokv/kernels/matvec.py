@@ -30,10 +30,10 @@ import torch
 import triton
 import triton.language as tl
 from torch.library import triton_op, wrap_triton
-from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 from triton.runtime.interpreter import InterpretedFunction
 
 from zerokv.kernels import dependent_launch
+from zerokv.kernels.grid_dependency import wait_for_the_kernel_before
 from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is_one_row
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
@@ -69,8 +69,7 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
         up_first_tile = tl.load(up_row_starts + columns[None, :], mask=first_mask, other=0.0,
                                 eviction_policy="evict_first")
     if DEPENDENT_LAUNCH:
-        gdc_launch_dependents()
-        gdc_wait()
+        X += wait_for_the_kernel_before()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     for start in range(BLOCK_K, K, BLOCK_K):
