@@ -6,6 +6,7 @@ what a kernel does before its wait for the kernel before it (zerokv.kernels.depe
 interpreter does not run, and Inductor's analysis of a kernel's IR which arguments it writes. Compiled kernels
 take no CPU tensors: the operator refuses them by name."""
 
+import ast
 import os
 
 import pytest
@@ -110,9 +111,11 @@ def _around_the_waits(ptx, paths=1):
     """(the global loads and stores before a griddepcontrol.wait, those after it) for each of the
     kernel's `paths`, in the PTX's order: one, or the siblings kernel's one per product, each of
     which ends in `bra.uni` (a loop's jump back ends in one too: the siblings here have none)."""
-    # Without the predicate a masked access starts with (`@%p1 ld.global...`).
-    instructions = [line.strip().split(" ", 1)[1] if line.strip().startswith("@") else line.strip()
-                    for line in ptx.splitlines()]
+    # One per statement (an inline assembly puts several on a line), without the predicate a
+    # masked access starts with (`@%p1 ld.global...`).
+    statements = [statement.strip() for line in ptx.splitlines() for statement in line.split(";")]
+    instructions = [statement.split(" ", 1)[1] if statement.startswith("@") else statement
+                    for statement in statements]
     found, path = [], []
     for line in instructions:
         if line.startswith(("ld.global", "st.global", "griddepcontrol.wait")):
@@ -205,10 +208,38 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
                    stride_ob=2048, stride_oh=64, stride_od=1, **LLAMA_1B) == ["Out"]
 
 
+def test_each_kernels_source_survives_inductors_copy_of_it():
+    """Inductor copies a user kernel's source, with every function it calls, into a string literal
+    of the Python module it generates; an escape such as a newline in an inline assembly's text
+    became a line break inside a string there, and the module failed to import on the H200."""
+    from torch._inductor.codegen.wrapper import user_defined_triton_kernel_transitive_closure_source_code
+
+    for kernel in (mv._matvec_kernel, mv._siblings_kernel, fd._split_kernel, fd._combine_kernel):
+        source = user_defined_triton_kernel_transitive_closure_source_code(kernel)
+        assert "def wait_for_the_kernel_before" in source
+        compile(ast.literal_eval("'''" + source + "'''"), kernel.__name__, "exec")
+
+
 def test_without_dependent_launch_a_kernel_has_no_wait():
     for compiled in (_matvec("bf16", 2048, "i32", False, True, False), _siblings("bf16", "i32", (False,) * 3, False),
                      _split("bf16", "fp32", "i32", False), _combine("bf16", False)):
         assert "griddepcontrol" not in compiled.asm["ptx"]
+
+
+@pytest.mark.parametrize("kernel", ["matvec", "siblings", "split", "combine"])
+def test_the_wait_leaves_the_loads_as_they_were(kernel):
+    """The 0 the wait returns is added to addresses; unless it is known to keep their alignment,
+    vector loads become loads of one element (K and V's tiles in attention)."""
+    compile_with = {"matvec": lambda wait: _matvec("bf16", 2048, "i32", True, True, wait),
+                    "siblings": lambda wait: _siblings("bf16", "i32", (True, False, True), wait),
+                    "split": lambda wait: _split("bf16", "fp64", "i32", wait),
+                    "combine": lambda wait: _combine("bf16", wait)}[kernel]
+
+    def loads(compiled):  # each load's kind (width, vector, cache hints), not its registers
+        return sorted(line.split("ld.global", 1)[1].split(" ", 1)[0]
+                      for line in compiled.asm["ptx"].splitlines() if "ld.global" in line)
+
+    assert loads(compile_with(True)) == loads(compile_with(False))
 
 
 def test_without_the_interpreter_cpu_tensors_are_refused_by_name():

@@ -17,5 +17,9 @@ import triton.language as tl
 
 @triton.jit
 def wait_for_the_kernel_before():
-    return tl.inline_asm_elementwise("griddepcontrol.launch_dependents;\n\tgriddepcontrol.wait;\n\tmov.u32 $0, 0;",
+    # One line: Inductor copies this source into a string literal, where an escaped newline breaks it.
+    zero = tl.inline_asm_elementwise("griddepcontrol.launch_dependents; griddepcontrol.wait; mov.u32 $0, 0;",
                                      "=r", [], dtype=tl.int32, is_pure=True, pack=1)
+    # Declared a multiple of 16, so that an address it is added to keeps its alignment and the
+    # loads from it stay vector loads.
+    return tl.multiple_of(zero, 16)
