@@ -39,9 +39,10 @@ def _as_the_engine_compiles(graph_module, example_inputs):
     """Inductor with the zerokv engine's options and graph pass (zerokv.aoti.compile_aoti)."""
     from torch._inductor.compile_fx import compile_fx
 
+    from zerokv.kernels.constant_weights import mark_constant_weights
     from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
-    if group_sibling_matvecs(graph_module.graph):
+    if group_sibling_matvecs(graph_module.graph) + mark_constant_weights(graph_module.graph):
         graph_module.recompile()
     return compile_fx(graph_module, example_inputs,
                       config_patches={"coordinate_descent_tuning": True, "triton.cudagraphs": False})

@@ -29,7 +29,8 @@ value projections) are handed to AOTInductor as one zerokv::matvec_siblings laun
 
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
 the zerokv kernels that wait for the kernel before them (zerokv.kernels.dependent_launch); the
-engine lets those launch before that kernel ends. Kernels keep their own names in the package (Inductor's unique user kernel names
+engine lets those launch before that kernel ends. The products whose weights are the program's
+constants load their first tile before that wait (zerokv.kernels.constant_weights marks them). Kernels keep their own names in the package (Inductor's unique user kernel names
 off), which is what the engine matches.
 """
 
@@ -51,6 +52,7 @@ from zerokv.aoti.int_array_declarations import writers_kept_alive
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 from zerokv.kernels import dependent_launch
+from zerokv.kernels.constant_weights import mark_constant_weights
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
@@ -121,7 +123,7 @@ def compile_aoti(
     metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph, early)
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
-    if group_sibling_matvecs(module.graph):
+    if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
     with writers_kept_alive():
         files = torch._inductor.aot_compile(

@@ -57,7 +57,7 @@ class Handed(Exception):
     """Stops compile_aoti at AOTInductor's door, with the module it was handed."""
 
 
-def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch(monkeypatch):
+def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch_of_constant_weights(monkeypatch):
     from zerokv.aoti.compile import compile_aoti
     from zerokv.kernels import matvec  # noqa: F401  (registers the ops the step calls)
 
@@ -70,13 +70,15 @@ def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch(monke
             return torch.ops.zerokv.matvec(x, self.query), torch.ops.zerokv.matvec(x, self.key)
 
     def handed(module, *args, **kwargs):
-        raise Handed([str(node.target) for node in module.graph.nodes if node.op == "call_function"])
+        raise Handed({str(node.target): node.kwargs.get("constant_weights")
+                      for node in module.graph.nodes if node.op == "call_function"})
 
     monkeypatch.setattr(torch._inductor, "aot_compile", handed)
     with pytest.raises(Handed) as caught:
         compile_aoti(_export(Projections(), (torch.randn(1, 1, 16),), None), [torch.randn(1, 1, 16)], "cpu")
-    targets = caught.value.args[0]
-    assert targets.count("zerokv.matvec_siblings.default") == 1 and "zerokv.matvec.default" not in targets
+    calls = caught.value.args[0]
+    assert "zerokv.matvec.default" not in calls
+    assert calls["zerokv.matvec_siblings.default"] is True  # the module's parameters: no kernel writes them
 
 
 def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compiled_to():

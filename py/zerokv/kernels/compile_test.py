@@ -82,13 +82,14 @@ def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, 
     assert ".entry _matvec_kernel" in compiled.asm["ptx"]
 
 
-def _matvec(dtype, inputs, integers, bias, gated, dependent_launch):
+def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_weights=True):
     types = {"X": f"*{dtype}", "W": f"*{dtype}", "Up": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}",
              "int": integers}
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
     return _compile(mv._matvec_kernel, types,
                     {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                     "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch}, num_warps)
+                     "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch,
+                     "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -99,39 +100,75 @@ def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases):
     assert ".entry _siblings_kernel" in compiled.asm["ptx"]
 
 
-def _siblings(dtype, integers, biases, dependent_launch):
+def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True):
     types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2")}
     block_n, block_k, num_warps = mv.config_for(512, 2048)
     return _compile(mv._siblings_kernel, {**types, "int": integers},
                     {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
-                     "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch}, num_warps)
+                     "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
+                     "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
-def _around_the_waits(ptx, paths=1):
-    """(the global loads and stores before a griddepcontrol.wait, those after it) for each of the
-    kernel's `paths`, in the PTX's order: one, or the siblings kernel's one per product, each of
-    which ends in `bra.uni` (a loop's jump back ends in one too: the siblings here have none)."""
-    # One per statement (an inline assembly puts several on a line), without the predicate a
-    # masked access starts with (`@%p1 ld.global...`).
-    statements = [statement.strip() for line in ptx.splitlines() for statement in line.split(";")]
-    instructions = [statement.split(" ", 1)[1] if statement.startswith("@") else statement
-                    for statement in statements]
-    found, path = [], []
-    for line in instructions:
-        if line.startswith(("ld.global", "st.global", "griddepcontrol.wait")):
-            path.append(line)
-        elif line.startswith("bra.uni") and paths > 1:
-            found.append(path)
-            path = []
-    found.append(path)
-    found = [path for path in found if path]
-    assert len(found) == paths
-    around = []
-    for path in found:
-        waits = [index for index, line in enumerate(path) if line.startswith("griddepcontrol.wait")]
-        assert len(waits) == 1, path
-        around.append((path[:waits[0]], path[waits[0] + 1:]))
-    return around
+def _accesses(ptx):
+    """[(global load or store, whether every path to it from the kernel's entry passes a
+    griddepcontrol.wait)] over the kernel's PTX: its blocks and branches, to a fixed point."""
+    # One per statement (an inline assembly puts several on a line), the predicate of a
+    # conditional one (`@%p1 ld.global...`, `@%p1 bra ...`) kept apart.
+    statements = []
+    for line in ptx.splitlines():
+        for statement in line.split(";"):
+            statement = statement.split("//")[0].strip()
+            if statement.startswith("$L") and ":" in statement:
+                label, statement = statement.split(":", 1)
+                statements.append(("label", label.strip()))
+                statement = statement.strip()
+            if statement:
+                predicated = statement.startswith("@")
+                statements.append(("predicated" if predicated else "always",
+                                   statement.split(None, 1)[1] if predicated else statement))
+    blocks, block = [], []
+    for kind, statement in statements:
+        if kind == "label" and block:
+            blocks.append(block)
+            block = []
+        block.append((kind, statement))
+        if statement.startswith(("bra", "ret")):
+            blocks.append(block)
+            block = []
+    blocks.append(block)
+    blocks = [block for block in blocks if block]
+    starts = {statement: index for index, block in enumerate(blocks)
+              for kind, statement in block[:1] if kind == "label"}
+    successors = []
+    for index, block in enumerate(blocks):
+        kind, last = block[-1]
+        following = [index + 1] if index + 1 < len(blocks) else []
+        if last.startswith("bra"):
+            target = [starts[last.split()[-1]]]
+            successors.append(target + following if kind == "predicated" else target)
+        else:
+            successors.append([] if last.startswith("ret") else following)
+
+    def waited_after(index, waited):
+        return waited or any(statement.startswith("griddepcontrol.wait") for _, statement in blocks[index])
+
+    waited_in = [index != 0 for index in range(len(blocks))]  # must-analysis: all paths
+    changed = True
+    while changed:
+        changed = False
+        for index in range(len(blocks)):
+            for successor in successors[index]:
+                if waited_in[successor] and not waited_after(index, waited_in[index]):
+                    waited_in[successor] = False
+                    changed = True
+    accesses = []
+    for index, block in enumerate(blocks):
+        waited = waited_in[index]
+        for _, statement in block:
+            waited = waited or statement.startswith("griddepcontrol.wait")
+            if statement.startswith(("ld.global", "st.global")):
+                accesses.append((statement, waited))
+    return accesses
 
 
 def test_the_kernels_that_may_launch_early_are_these():
@@ -140,8 +177,8 @@ def test_the_kernels_that_may_launch_early_are_these():
 
 
 @pytest.mark.parametrize("kernel", ["matvec", "down", "gated", "bias", "partial columns", "siblings"])
-def test_a_product_reads_only_its_first_weights_before_its_wait(kernel):
-    """The weights are the engine's constants, so loading them early is safe; x and the bias are
+def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_wait(kernel):
+    """No kernel writes the program's constants, so loading them early is safe; x and the bias are
     not read, and no output written, before the kernel before has completed. The weights' loads are
     the ones that evict first."""
     compiled = {"matvec": lambda: _matvec("bf16", 2048, "i32", False, False, True),
@@ -150,17 +187,24 @@ def test_a_product_reads_only_its_first_weights_before_its_wait(kernel):
                 "bias": lambda: _matvec("bf16", 2048, "i32", True, False, True),
                 "partial columns": lambda: _matvec("bf16", 100, "i64", True, True, True),
                 "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True)}[kernel]()
-    for before, after in _around_the_waits(compiled.asm["ptx"], paths=3 if kernel == "siblings" else 1):
-        assert before and all(line.startswith("ld.global") and "evict_first" in line for line in before)
-        assert any(line.startswith("ld.global") and "evict_first" not in line for line in after)  # x
-        assert any(line.startswith("st.global") for line in after)
+    accesses = _accesses(compiled.asm["ptx"])
+    early = [access for access, waited in accesses if not waited]
+    assert early and all(access.startswith("ld.global") and "evict_first" in access for access in early)
+    assert any(access.startswith("ld.global") and "evict_first" not in access for access, _ in accesses)  # x
+    assert any(access.startswith("st.global") for access, _ in accesses)
 
 
-@pytest.mark.parametrize("kernel", ["split", "combine"])
-def test_attention_reads_nothing_before_its_wait(kernel):
-    compiled = _split("bf16", "fp64", "i32", True) if kernel == "split" else _combine("bf16", True)
-    [(before, after)] = _around_the_waits(compiled.asm["ptx"])
-    assert before == [] and after
+@pytest.mark.parametrize("kernel", ["split", "combine", "matvec", "gated", "siblings"])
+def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
+    """Attention reads what the kernels before write; a product's weights may be computed in the
+    step unless zerokv.kernels.constant_weights marked them."""
+    compiled = {"split": lambda: _split("bf16", "fp64", "i32", True),
+                "combine": lambda: _combine("bf16", True),
+                "matvec": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False),
+                "gated": lambda: _matvec("bf16", 8192, "i32", False, True, True, constant_weights=False),
+                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True, constant_weights=False)}[kernel]()
+    accesses = _accesses(compiled.asm["ptx"])
+    assert accesses and all(waited for _, waited in accesses)
 
 
 @pytest.fixture
@@ -178,8 +222,8 @@ def _an_h200_for_triton():
     triton.runtime.driver._active = active
 
 
-@pytest.mark.parametrize("dependent_launch", [False, True])
-def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, dependent_launch):
+@pytest.mark.parametrize("dependent_launch, constant_weights", [(False, False), (True, False), (True, True)])
+def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, dependent_launch, constant_weights):
     """What Inductor takes a user kernel to write, it copies before every launch. An inline assembly
     it cannot analyze (an impure one, as Triton's own gdc_wait) makes it take every argument as
     written: on the H200 the 1B decode step copied its weights and took 2.5 times as long."""
@@ -192,10 +236,12 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
     bf16, fp32 = torch.bfloat16, torch.float32
     x, weight, y = torch.empty(2048, dtype=bf16), torch.empty(8192, 2048, dtype=bf16), torch.empty(8192, dtype=bf16)
     assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Y=y, N=8192, stride_wn=2048, stride_un=2048,
-                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True) == ["Y"]
+                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
+                   CONSTANT_WEIGHTS=constant_weights) == ["Y"]
     assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y, Y2=y,
                    N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, K=2048, HAS_BIAS0=False,
-                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True) == ["Y0", "Y1", "Y2"]
+                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
+                   CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
     assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
@@ -226,11 +272,12 @@ def test_without_dependent_launch_a_kernel_has_no_wait():
         assert "griddepcontrol" not in compiled.asm["ptx"]
 
 
-@pytest.mark.parametrize("kernel", ["matvec", "siblings", "split", "combine"])
+@pytest.mark.parametrize("kernel", ["matvec", "matvec, computed weights", "siblings", "split", "combine"])
 def test_the_wait_leaves_the_loads_as_they_were(kernel):
     """The 0 the wait returns is added to addresses; unless it is known to keep their alignment,
     vector loads become loads of one element (K and V's tiles in attention)."""
     compile_with = {"matvec": lambda wait: _matvec("bf16", 2048, "i32", True, True, wait),
+                    "matvec, computed weights": lambda wait: _matvec("bf16", 2048, "i32", True, True, wait, False),
                     "siblings": lambda wait: _siblings("bf16", "i32", (True, False, True), wait),
                     "split": lambda wait: _split("bf16", "fp64", "i32", wait),
                     "combine": lambda wait: _combine("bf16", wait)}[kernel]

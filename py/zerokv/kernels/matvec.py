@@ -7,6 +7,10 @@ x's dtype, accumulated in float32. Two more ops read one x in one launch:
 its down projection, and `matvec_siblings(x, weights, biases)` returns 2 or 3 products (an
 attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in a graph). They are
 `torch.library.triton_op`s, so AOTInductor compiles their kernels into the engine like its own.
+On sm_90 and later they wait for the kernel before them (zerokv.kernels.dependent_launch) before
+they read x; with `constant_weights=True` (zerokv.kernels.constant_weights sets it where the weights
+are the program's constants) their programs load their first tile of the weights before that wait,
+and otherwise they read nothing before it.
 
 Why: a one-token step reads every weight once and does two flops per weight read, so its matrix
 products are bound by the memory's bandwidth. Inductor lowers them as reductions (with
@@ -48,8 +52,16 @@ NUM_WARPS = 4
 @triton.jit
 def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
           HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-          DEPENDENT_LAUNCH: tl.constexpr):
+          DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
+    # What the kernel before may have written is read after the wait for it
+    # (zerokv.kernels.dependent_launch): x, and the weights unless they are the program's constants.
+    if DEPENDENT_LAUNCH and not CONSTANT_WEIGHTS:
+        after_the_wait = wait_for_the_kernel_before()
+        X += after_the_wait
+        W += after_the_wait
+        Up += after_the_wait
+        Bias += after_the_wait
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
     columns = tl.arange(0, BLOCK_K)
@@ -57,9 +69,8 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
     # size of 8192) would wrap in 32.
     row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
     up_row_starts = Up + rows.to(tl.int64)[:, None] * stride_un
-    # The first tile of the weights, which no kernel writes, before the wait for the kernel before
-    # (zerokv.kernels.dependent_launch); x, which that kernel may write, after it. The tile is
-    # multiplied last, so that the loop's loads are issued while it is on its way.
+    # Constant weights' first tile is loaded before the wait, so that it streams while the kernel
+    # before ends. It is multiplied last, so that the loop's loads are issued while it is on its way.
     if EVEN_K:
         first_mask = inside_rows[:, None]
     else:
@@ -68,7 +79,7 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
     if GATED:
         up_first_tile = tl.load(up_row_starts + columns[None, :], mask=first_mask, other=0.0,
                                 eviction_policy="evict_first")
-    if DEPENDENT_LAUNCH:
+    if DEPENDENT_LAUNCH and CONSTANT_WEIGHTS:
         X += wait_for_the_kernel_before()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
@@ -103,16 +114,16 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
 @triton.jit
 def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   DEPENDENT_LAUNCH: tl.constexpr):
+                   DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
-          DEPENDENT_LAUNCH)
+          DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 @triton.jit
 def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
                      K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
                      BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     DEPENDENT_LAUNCH: tl.constexpr):
+                     DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     """Up to three products of one x in one launch: the programs are the first product's blocks
     of rows, then the second's, then the third's (N2 0 when there are two)."""
     block = tl.program_id(0)
@@ -120,13 +131,13 @@ def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0,
     second = first + tl.cdiv(N1, BLOCK_N)
     if block < first:
         _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
-              DEPENDENT_LAUNCH)
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     elif block < second:
         _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
-              DEPENDENT_LAUNCH)
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     else:
         _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
-              EVEN_K, DEPENDENT_LAUNCH)
+              EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
@@ -189,9 +200,11 @@ def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
     return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
 
 
-def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, launcher=lambda kernel: kernel):
+def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, constant_weights=False,
+           launcher=lambda kernel: kernel):
     """Runs the kernel into `out` (N elements, contiguous): x W^T + bias or, given `up` (a weight of
-    W's shape), SiLU(x W^T) * (x up^T). `launcher` wraps it (`wrap_triton` when traced);
+    W's shape), SiLU(x W^T) * (x up^T). `constant_weights`: no kernel of the program writes the
+    weights or the bias (the ops' argument). `launcher` wraps it (`wrap_triton` when traced);
     //tools/bench:matvec_bench sweeps the launch parameters."""
     _check_blocks(block_n, block_k)
     outputs, inputs = weight.shape
@@ -199,11 +212,12 @@ def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, launcher=
         x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
         weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
-        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return out
 
 
-def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, launcher=lambda kernel: kernel):
+def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, constant_weights=False,
+                    launcher=lambda kernel: kernel):
     """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them."""
     _check_blocks(block_n, block_k)
     slots = [*zip(weights, biases, outs)]
@@ -216,7 +230,7 @@ def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, launc
         *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
         HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
-        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return outs
 
 
@@ -233,40 +247,44 @@ def _check_device(device, op="matvec"):
 
 
 @triton_op("zerokv::matvec", mutates_args=())
-def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+           constant_weights: bool = False) -> torch.Tensor:
+    """`constant_weights`: the weight and bias are constants of the program, which none of its
+    kernels writes (zerokv.kernels.constant_weights marks the calls where they are)."""
     check_inputs(x, weight, bias)
     _check_device(x.device)
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
     return launch(x.contiguous(), weight, None if bias is None else bias.contiguous(), out,
-                  *config_for(*weight.shape), launcher=wrap_triton)
+                  *config_for(*weight.shape), constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @matvec.register_fake
-def _(x, weight, bias=None):
+def _(x, weight, bias=None, constant_weights=False):
     check_inputs(x, weight, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @triton_op("zerokv::gated_matvec", mutates_args=())
-def gated_matvec(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor) -> torch.Tensor:
+def gated_matvec(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
+                 constant_weights: bool = False) -> torch.Tensor:
     """SiLU(x gate_weight^T) * (x up_weight^T) for one row: a gated MLP's gate and up projections in
     one pass over both weights, and its activation, with no intermediate in memory."""
     check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
     _check_device(x.device, op="gated_matvec")
     out = x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
     return launch(x.contiguous(), gate_weight, None, out, *config_for(*gate_weight.shape), up=up_weight,
-                  launcher=wrap_triton)
+                  constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @gated_matvec.register_fake
-def _(x, gate_weight, up_weight):
+def _(x, gate_weight, up_weight, constant_weights=False):
     check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
     return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
 
 
 @triton_op("zerokv::matvec_siblings", mutates_args=())
-def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor],
-                    biases: list[Optional[torch.Tensor]]) -> list[torch.Tensor]:
+def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]],
+                    constant_weights: bool = False) -> list[torch.Tensor]:
     """[x weights[i]^T + biases[i]] for 2 or 3 weights that read the same one-row x: what as many
     matvec calls return, in one launch (zerokv.kernels.sibling_matvecs groups them in a graph)."""
     check_siblings(x, weights, biases)
@@ -275,10 +293,10 @@ def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor],
     block_n = min(config_for(weight.shape[0], weight.shape[1])[0] for weight in weights)
     _, block_k, num_warps = config_for(*weights[0].shape)
     return launch_siblings(x.contiguous(), weights, [None if bias is None else bias.contiguous() for bias in biases],
-                           outs, block_n, block_k, num_warps, launcher=wrap_triton)
+                           outs, block_n, block_k, num_warps, constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @matvec_siblings.register_fake
-def _(x, weights, biases):
+def _(x, weights, biases, constant_weights=False):
     check_siblings(x, weights, biases)
     return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]

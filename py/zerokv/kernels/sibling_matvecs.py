@@ -33,7 +33,7 @@ def group_sibling_matvecs(graph: torch.fx.Graph) -> list[list[str]]:
     order = {node: index for index, node in enumerate(graph.nodes)}
     calls_by_input = defaultdict(list)
     for node in graph.nodes:
-        if node.op == "call_function" and _op_name(node.target) == MATVEC:
+        if node.op == "call_function" and op_name(node.target) == MATVEC:
             calls_by_input[_operands(node)[0]].append(node)
     groups = []
     for x, calls in calls_by_input.items():
@@ -51,7 +51,7 @@ def group_sibling_matvecs(graph: torch.fx.Graph) -> list[list[str]]:
     return groups
 
 
-def _op_name(target):
+def op_name(target):
     """An operator's name, whether the call names its overload (torch.export, ExecuTorch's edge
     ops) or its packet (torch.compile's graphs)."""
     if isinstance(target, torch._ops.OpOverloadPacket):
