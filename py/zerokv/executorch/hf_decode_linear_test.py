@@ -8,6 +8,7 @@ import torch
 from zerokv.executorch import hf_decoders as hf
 from zerokv.executorch.hf_decode_linear import (DecodeLinearError, GatedMatvecMLP, MatvecLinear, is_gated_silu_mlp,
                                                 use_matvec_decode)
+from zerokv.kernels.constant_weights import mark_constant_weights
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
@@ -69,9 +70,10 @@ def test_the_decode_program_takes_the_kernel_and_prefill_keeps_linear():
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen3"])
-def test_each_layers_query_key_and_value_become_one_launch(family):
-    """What the AOTInductor engine compiles (zerokv.aoti.compile_aoti groups the calls): the same
-    step, the attention's three projections in one launch per layer."""
+def test_each_layers_query_key_and_value_become_one_launch_of_constant_weights(family):
+    """What the AOTInductor engine compiles (zerokv.aoti.compile_aoti groups the calls and marks
+    them): the same step, the attention's three projections in one launch per layer, and every
+    product's weights the program's constants."""
     model = hf.tiny(family).to(torch.float16)
     use_matvec_decode(model)
     programs, _ = hf.export_programs(model, max_capacity=16, max_prefill=1, initial_capacity=8, prefill=False)
@@ -81,8 +83,12 @@ def test_each_layers_query_key_and_value_become_one_launch(family):
     inputs = (torch.tensor([[3]]), torch.tensor([5]))
     want = step(*inputs, *caches)
     groups = group_sibling_matvecs(step.graph)
+    marked = mark_constant_weights(step.graph)
     step.recompile()
     assert [len(group) for group in groups] == [3] * model.config.num_hidden_layers
+    products = [node.name for node in step.graph.nodes if node.op == "call_function" and "zerokv" in str(node.target)
+                and "flash_decode" not in str(node.target)]
+    assert marked == products and len(products) == 4 * model.config.num_hidden_layers + 1
     got = step(*inputs, *grouped_caches)
     assert torch.equal(got[0], want[0])
     assert all(torch.equal(a, b) for a, b in zip(grouped_caches, caches))
