@@ -36,7 +36,9 @@ def _step(shape, max_cache, linear):
 
 
 def _as_the_engine_compiles(graph_module, example_inputs):
-    """Inductor with the zerokv engine's options and graph pass (zerokv.aoti.compile_aoti)."""
+    """Inductor with the zerokv engine's options and graph passes (zerokv.aoti.compile_aoti). Its
+    graph takes the parameters as inputs, so no product is marked as of constant weights, and its
+    CUDA graph has no programmatic edges: those are the engine's."""
     from torch._inductor.compile_fx import compile_fx
 
     from zerokv.kernels.constant_weights import mark_constant_weights

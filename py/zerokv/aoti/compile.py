@@ -30,8 +30,9 @@ value projections) are handed to AOTInductor as one zerokv::matvec_siblings laun
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
 the zerokv kernels that wait for the kernel before them (zerokv.kernels.dependent_launch); the
 engine lets those launch before that kernel ends. The products whose weights are the program's
-constants load their first tile before that wait (zerokv.kernels.constant_weights marks them). Kernels keep their own names in the package (Inductor's unique user kernel names
-off), which is what the engine matches.
+constants load their first tile before that wait (zerokv.kernels.constant_weights marks them).
+Kernels keep their own names in the package (Inductor's unique user kernel names off), which is
+what the engine matches.
 """
 
 import dataclasses
