@@ -202,7 +202,8 @@ def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
                 "combine": lambda: _combine("bf16", True),
                 "matvec": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False),
                 "gated": lambda: _matvec("bf16", 8192, "i32", False, True, True, constant_weights=False),
-                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True, constant_weights=False)}[kernel]()
+                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True, constant_weights=False),
+                }[kernel]()
     accesses = _accesses(compiled.asm["ptx"])
     assert accesses and all(waited for _, waited in accesses)
 
