@@ -86,7 +86,8 @@ Status LetKernelsLaunchEarly(cudaGraph_t graph, const std::set<std::string>& ker
   error = cudaGraphGetNodes(graph, nodes.data(), &count);
   if (error != cudaSuccess) return Failed("cudaGraphGetNodes", error);
   for (cudaGraphNode_t node : nodes) {
-    if (kernels.count(KernelNodeName(node)) == 0) continue;
+    const std::string name = KernelNodeName(node);
+    if (name.empty() || kernels.count(name) == 0) continue;  // "": not a kernel, or not one it can name
     size_t incoming = 0;
     error = cudaGraphNodeGetDependencies(node, nullptr, nullptr, &incoming);
     if (error != cudaSuccess) return Failed("cudaGraphNodeGetDependencies", error);

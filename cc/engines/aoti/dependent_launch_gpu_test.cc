@@ -177,6 +177,9 @@ TEST_F(DependentLaunchTest, OnlyEdgesBetweenKernelsIntoNamedOnesChange) {
   EXPECT_EQ(EdgesInto("zerokv_test_reader")[0].type, cudaGraphDependencyTypeDefault);
   ASSERT_TRUE(LetKernelsLaunchEarly(graph_, {}, &edges, &intact).ok());
   EXPECT_EQ(edges, 0);
+  // An empty name stands for no node, not for the nodes it cannot name (the memset).
+  ASSERT_TRUE(LetKernelsLaunchEarly(graph_, {""}, &edges, &intact).ok());
+  EXPECT_EQ(edges, 0);
   EXPECT_EQ(Run(), 5u);
 }
 
