@@ -3,17 +3,14 @@ program's constants), which it leaves (a weight computed in the step, a graph in
 marked graph computes what it did. The kernels run under Triton's interpreter on the CPU
 (TRITON_INTERPRET=1, which the Bazel target sets), compiled on a CUDA machine (the gpu twin)."""
 
-import pytest
 import torch
 
-from zerokv.kernels import matvec as mv
+from zerokv.kernels import matvec  # noqa: F401  (registers the ops)
 from zerokv.kernels.constant_weights import mark_constant_weights
+from zerokv.kernels.kernel_test_device import device_or_skip
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
-DEVICE = "cuda" if torch.cuda.is_available() and not mv.INTERPRETED else "cpu"
-if DEVICE == "cpu" and not mv.INTERPRETED:
-    pytest.skip("no CUDA device, and Triton's interpreter is off (TRITON_INTERPRET=1 runs the kernel on the CPU)",
-                allow_module_level=True)
+DEVICE = device_or_skip()
 
 INPUTS = 32
 
@@ -83,6 +80,8 @@ def test_operands_by_keyword_and_packets_are_read():
 
 
 def test_constant_weights_compute_the_same_values():
+    """Under the interpreter there is no wait, and the flag changes nothing; the GPU twin compares
+    the kernels with the first tile loaded before the wait and after it."""
     torch.manual_seed(0)
     x, weight, up = (torch.randn(*shape, device=DEVICE) for shape in ((1, 1, 64), (24, 64), (24, 64)))
     assert torch.equal(torch.ops.zerokv.matvec(x, weight, constant_weights=True), torch.ops.zerokv.matvec(x, weight))

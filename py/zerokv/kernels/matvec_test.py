@@ -5,12 +5,10 @@ import pytest
 import torch
 
 from zerokv.kernels import matvec as mv
+from zerokv.kernels.kernel_test_device import device_or_skip
 from zerokv.kernels.matvec_contract import MatvecError
 
-DEVICE = "cuda" if torch.cuda.is_available() and not mv.INTERPRETED else "cpu"
-if DEVICE == "cpu" and not mv.INTERPRETED:
-    pytest.skip("no CUDA device, and Triton's interpreter is off (TRITON_INTERPRET=1 runs the kernel on the CPU)",
-                allow_module_level=True)
+DEVICE = device_or_skip()
 
 
 def _reference(x, weight, bias):

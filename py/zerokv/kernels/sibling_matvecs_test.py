@@ -5,13 +5,11 @@ grouped graph computes what it did. The kernels run under Triton's interpreter o
 import pytest
 import torch
 
-from zerokv.kernels import matvec as mv
+from zerokv.kernels import matvec  # noqa: F401  (registers the ops)
+from zerokv.kernels.kernel_test_device import device_or_skip
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
-DEVICE = "cuda" if torch.cuda.is_available() and not mv.INTERPRETED else "cpu"
-if DEVICE == "cpu" and not mv.INTERPRETED:
-    pytest.skip("no CUDA device, and Triton's interpreter is off (TRITON_INTERPRET=1 runs the kernel on the CPU)",
-                allow_module_level=True)
+DEVICE = device_or_skip()
 
 INPUTS = 32
 
