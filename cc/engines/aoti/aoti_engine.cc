@@ -574,18 +574,12 @@ class AotiEngine final : public Engine {
 
 #ifdef ZEROKV_WITH_TORCH_CUDA
   // zerokv.dependent_launch_kernels: the kernels that wait for the one before them, whose edges the
-  // captures make programmatic, on a device that has such edges (sm_90 on). compile_aoti names them
-  // only where it compiled them with the wait.
+  // captures make programmatic. compile_aoti names them only where it compiled them with the wait
+  // (sm_90 on, where its kernels run); a device that refuses such an edge turns this off
+  // (LetKernelsLaunchEarly).
   Status ReadDependentLaunch(const std::map<std::string, std::string>& metadata) {
     auto kernels = metadata.find("zerokv.dependent_launch_kernels");
     if (kernels == metadata.end()) return Status::Ok();
-    int major = 0;
-    const cudaError_t error = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_index_);
-    if (error != cudaSuccess) {
-      return Internal("cannot read CUDA device " + std::to_string(device_index_) + "'s compute capability: " +
-                      cudaGetErrorString(error));
-    }
-    if (major < 9) return Status::Ok();
     for (const std::string& name : Split(kernels->second, ',')) early_kernels_.insert(name);
     return Status::Ok();
   }

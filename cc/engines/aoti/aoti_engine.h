@@ -30,9 +30,9 @@
 // the executable graph updated in place from that capture; Prepare, given that binding ahead (the
 // caches' reserves), captures it then, so that the growth step only updates and replays. A capture
 // that fails turns graphs off for the engine, with a message on stderr, and the run goes on
-// uncaptured. In each capture, on sm_90 and later, the edges into the kernels that
-// zerokv.dependent_launch_kernels names are made programmatic (dependent_launch.h): those kernels
-// launch before the kernel they follow has ended.
+// uncaptured. In each capture, the edges into the kernels that zerokv.dependent_launch_kernels
+// names (a package compiled on sm_90 or later) are made programmatic (dependent_launch.h): those
+// kernels launch before the kernel they follow has ended.
 //
 // Aliased I/O: a cache the model mutates is an input AOTInductor writes in place (an in-place
 // index_copy_ compiles to a kernel that stores into the input's buffer). The engine wraps every

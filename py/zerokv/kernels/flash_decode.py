@@ -191,6 +191,7 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
     kv_heads, capacity = key.shape[1], key.shape[2]
     group = query_heads // kv_heads
     block_g = max(MIN_DOT_SIZE, triton.next_power_of_2(group))
+    dependent = dependent_launch.supported(query.device)
     rows = splits * batch * kv_heads * block_g
     partial_out = torch.empty((rows, head_dim), device=query.device, dtype=torch.float32)
     partial_max = torch.empty((rows,), device=query.device, dtype=torch.float32)
@@ -200,12 +201,12 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
         query.stride(0), query.stride(1), query.stride(3),
         *key.stride(), *value.stride(), scale,
         SPLITS=splits, GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        DEPENDENT_LAUNCH=dependent_launch.supported(query.device), num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent, num_warps=num_warps)
     launcher(_combine_kernel)[(batch * query_heads,)](
         partial_out, partial_max, partial_sum, out, kv_heads,
         out.stride(0), out.stride(2), out.stride(3),
         SPLITS=splits, GROUP=group, BLOCK_G=block_g, HEAD_DIM=head_dim,
-        DEPENDENT_LAUNCH=dependent_launch.supported(query.device), num_warps=1)
+        DEPENDENT_LAUNCH=dependent, num_warps=1)
     return out
 
 
