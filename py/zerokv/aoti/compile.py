@@ -31,7 +31,9 @@ Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.depende
 the zerokv kernels that wait for the kernel before them (zerokv.kernels.dependent_launch); the
 engine lets those launch before that kernel ends. The products whose weights are the program's
 constants load their first tile before that wait (zerokv.kernels.constant_weights marks them).
-Kernels keep their own names in the package (Inductor's unique user kernel names off), which is
+Inductor's own kernels are compiled to signal (its PDL code) once they have read their inputs, so
+that the zerokv kernel after them can start then; the engine gives them no programmatic edge, so
+their own wait does nothing. Kernels keep their own names in the package (Inductor's unique user kernel names off), which is
 what the engine matches.
 """
 
@@ -139,6 +141,7 @@ def compile_aoti(
                 "aot_inductor.package_constants_on_disk_format": "pickle_weights",
                 "coordinate_descent_tuning": coordinate_descent_tuning,
                 "triton.unique_user_kernel_names": False,
+                "triton.enable_pdl": bool(early),
             },
         )
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)

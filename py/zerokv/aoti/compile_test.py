@@ -89,3 +89,23 @@ def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compi
     cpu = package_metadata(bindings, aliased_io, torch.device("cpu"), False, ())
     assert cpu["zerokv.dependent_launch_kernels"] == "" and cpu["zerokv.device"] == "cpu"
     assert not dependent_launch.supported(torch.device("cpu"))
+
+
+@pytest.mark.parametrize("early", [True, False])
+def test_inductors_kernels_signal_the_kernel_after_them_where_zerokv_kernels_may_launch_early(monkeypatch, early):
+    """Inductor's kernels (the norms, the rotary embedding) are what most zerokv kernels follow in a
+    decode step: unless they signal (Inductor's PDL code), a programmatic edge from them starts the
+    zerokv kernel only once they end."""
+    from zerokv.aoti.compile import compile_aoti
+
+    def handed(module, args, kwargs, options):
+        raise Handed(options)
+
+    monkeypatch.setattr(torch._inductor, "aot_compile", handed)
+    monkeypatch.setattr(dependent_launch, "supported", lambda device: early)
+    with pytest.raises(Handed) as caught:
+        compile_aoti(MutatingStep(), _inputs(), "cpu")
+    options = caught.value.args[0]
+    assert options["triton.enable_pdl"] is early
+    assert bool(options["aot_inductor.metadata"]["zerokv.dependent_launch_kernels"]) is early
+    assert isinstance(torch._inductor.config.triton.enable_pdl, bool)  # an option of this torch's Inductor
