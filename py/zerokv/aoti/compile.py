@@ -28,13 +28,12 @@ value projections) are handed to AOTInductor as one zerokv::matvec_siblings laun
 (zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
 
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
-the zerokv kernels that wait for the kernel before them (zerokv.kernels.dependent_launch); the
-engine lets those launch before that kernel ends. The products whose weights are the program's
-constants load their first tile before that wait (zerokv.kernels.constant_weights marks them).
-Inductor's own kernels are compiled to signal (its PDL code) once they have read their inputs, so
-that the zerokv kernel after them can start then; the engine gives them no programmatic edge, so
-their own wait does nothing. Kernels keep their own names in the package (Inductor's unique user kernel names off), which is
-what the engine matches.
+the kernels that wait for the kernel before them (zerokv.kernels.dependent_launch): zerokv's, and
+Inductor's pointwise and reduction kernels, which it compiles with Inductor's PDL code (they signal
+once they have read their inputs); the engine lets those launch before that kernel ends. The
+products whose weights are the program's constants load their first tile before that wait
+(zerokv.kernels.constant_weights marks them). Kernels keep their own names in the package
+(Inductor's unique user kernel names off), which is what the engine matches.
 """
 
 import dataclasses
@@ -122,7 +121,7 @@ def compile_aoti(
 
     bindings, aliased_io = _binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
-    early = dependent_launch.KERNELS if dependent_launch.supported(torch_device) else ()
+    early = dependent_launch.early_kernels(torch_device)
     metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph, early)
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)

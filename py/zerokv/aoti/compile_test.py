@@ -83,8 +83,9 @@ def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch_of_co
 
 def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compiled_to():
     bindings, aliased_io = _table(MutatingStep(), _inputs())
-    cuda = package_metadata(bindings, aliased_io, torch.device("cuda"), True, dependent_launch.KERNELS)
-    assert cuda["zerokv.dependent_launch_kernels"].split(",") == list(dependent_launch.KERNELS)
+    early = dependent_launch.KERNELS + dependent_launch.INDUCTOR_KERNELS
+    cuda = package_metadata(bindings, aliased_io, torch.device("cuda"), True, early)
+    assert cuda["zerokv.dependent_launch_kernels"].split(",") == list(early)
     assert cuda["zerokv.aliases"] == "k_cache_out=k_cache" and cuda["zerokv.cuda_graph"] == "1"
     cpu = package_metadata(bindings, aliased_io, torch.device("cpu"), False, ())
     assert cpu["zerokv.dependent_launch_kernels"] == "" and cpu["zerokv.device"] == "cpu"
@@ -92,10 +93,9 @@ def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compi
 
 
 @pytest.mark.parametrize("early", [True, False])
-def test_inductors_kernels_signal_the_kernel_after_them_where_zerokv_kernels_may_launch_early(monkeypatch, early):
-    """Inductor's kernels (the norms, the rotary embedding) are what most zerokv kernels follow in a
-    decode step: unless they signal (Inductor's PDL code), a programmatic edge from them starts the
-    zerokv kernel only once they end."""
+def test_inductors_kernels_have_its_pdl_code_where_they_may_launch_early(monkeypatch, early):
+    """Inductor's kernels (the norms, the rotary embedding) get programmatic edges only compiled with
+    its waits (zerokv.kernels.dependent_launch): the package names them only then."""
     from zerokv.aoti.compile import compile_aoti
 
     def handed(module, args, kwargs, options):
@@ -107,5 +107,6 @@ def test_inductors_kernels_signal_the_kernel_after_them_where_zerokv_kernels_may
         compile_aoti(MutatingStep(), _inputs(), "cpu")
     options = caught.value.args[0]
     assert options["triton.enable_pdl"] is early
-    assert bool(options["aot_inductor.metadata"]["zerokv.dependent_launch_kernels"]) is early
+    named = options["aot_inductor.metadata"]["zerokv.dependent_launch_kernels"]
+    assert named == (",".join(dependent_launch.KERNELS + dependent_launch.INDUCTOR_KERNELS) if early else "")
     assert isinstance(torch._inductor.config.triton.enable_pdl, bool)  # an option of this torch's Inductor
