@@ -73,16 +73,6 @@ std::string KernelNodeName(cudaGraphNode_t node) {
   return name == nullptr ? "" : name;
 }
 
-bool NamesKernel(const std::set<std::string>& kernels, const std::string& name) {
-  if (name.empty()) return false;
-  for (const std::string& entry : kernels) {
-    const bool prefix = !entry.empty() && entry.back() == '*';
-    const size_t length = prefix ? entry.size() - 1 : entry.size();
-    if (prefix ? name.compare(0, length, entry, 0, length) == 0 : name == entry) return true;
-  }
-  return false;
-}
-
 Status LetKernelsLaunchEarly(cudaGraph_t graph, const std::set<std::string>& kernels, int* edges, bool* intact) {
   *intact = true;
   if (kernels.empty()) return Status::Ok();
@@ -97,7 +87,7 @@ Status LetKernelsLaunchEarly(cudaGraph_t graph, const std::set<std::string>& ker
   if (error != cudaSuccess) return Failed("cudaGraphGetNodes", error);
   for (cudaGraphNode_t node : nodes) {
     const std::string name = KernelNodeName(node);
-    if (!NamesKernel(kernels, name)) continue;
+    if (name.empty() || kernels.count(name) == 0) continue;  // "": not a kernel, or not one it can name
     size_t incoming = 0;
     error = cudaGraphNodeGetDependencies(node, nullptr, nullptr, &incoming);
     if (error != cudaSuccess) return Failed("cudaGraphNodeGetDependencies", error);

@@ -6,8 +6,8 @@
 // or ended, and its griddepcontrol.wait returns once that kernel has completed with its writes
 // visible. That is safe only for a kernel that reads nothing the kernel before it may write, and
 // writes nothing it may read, before its wait: the kernels named by the package
-// (zerokv.kernels.dependent_launch says why each is, the metadata zerokv.dependent_launch_kernels).
-// No other kernel is touched. A kernel that launched early can only start after its predecessor's blocks have all
+// (zerokv.kernels.dependent_launch, the metadata zerokv.dependent_launch_kernels). No other kernel
+// is touched. A kernel that launched early can only start after its predecessor's blocks have all
 // signalled or ended, and that predecessor, waiting in turn or launched after its own predecessor
 // ended, completes only after what it follows: the order of the step's writes stays the captured one.
 #pragma once
@@ -21,13 +21,8 @@
 
 namespace zerokv::engines {
 
-// Whether `kernels` names the function `name`: an entry is a function's name, or ends in '*' and
-// names every function whose name begins with what comes before it (Inductor's kernels, named
-// after what they compute: "triton_poi_*"). No entry names "", a kernel the driver cannot name.
-bool NamesKernel(const std::set<std::string>& kernels, const std::string& name);
-
-// Makes every edge of `graph` from a kernel node into a kernel node whose function `kernels` names
-// (NamesKernel) programmatic (cudaGraphKernelNodePortProgrammatic, cudaGraphDependencyTypeProgrammatic),
+// Makes every edge of `graph` from a kernel node into a kernel node whose function is named in
+// `kernels` programmatic (cudaGraphKernelNodePortProgrammatic, cudaGraphDependencyTypeProgrammatic),
 // and adds the count to *edges. On failure it puts back the edge it was changing; *intact is false
 // only if that failed too, and then the graph must not run (it lacks an edge).
 base::Status LetKernelsLaunchEarly(cudaGraph_t graph, const std::set<std::string>& kernels, int* edges,

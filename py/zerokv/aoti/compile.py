@@ -38,6 +38,7 @@ products whose weights are the program's constants load their first tile before 
 
 import dataclasses
 import hashlib
+import json
 import os
 import tempfile
 from typing import Optional, Sequence, Union
@@ -50,7 +51,8 @@ from torch.export.passes import move_to_device_pass  # torch 2.11 does not impor
 from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
-from zerokv.aoti.int_array_declarations import writers_kept_alive
+from zerokv.aoti.inductor_kernels import kernel_sources_recorded
+from zerokv.aoti.int_array_declarations import declarations_where_used
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 from zerokv.kernels import dependent_launch
@@ -121,28 +123,28 @@ def compile_aoti(
 
     bindings, aliased_io = _binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
-    early = dependent_launch.early_kernels(torch_device)
-    metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph, early)
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
-    with writers_kept_alive():
+    with declarations_where_used(), kernel_sources_recorded() as inductor_sources:
         files = torch._inductor.aot_compile(
             module,
             args,
             kwargs,
             options={
                 "aot_inductor.package": True,
-                "aot_inductor.metadata": metadata,
                 "aot_inductor.package_constants_in_so": False,
                 # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
                 "aot_inductor.package_constants_on_disk_format": "pickle_weights",
                 "coordinate_descent_tuning": coordinate_descent_tuning,
                 "triton.unique_user_kernel_names": False,
-                "triton.enable_pdl": bool(early),
+                "triton.enable_pdl": dependent_launch.supported(torch_device),
             },
         )
+    # The metadata names the Inductor kernels that wait, known once Inductor has written them.
+    early = dependent_launch.early_kernels(torch_device, inductor_sources)
+    _write_metadata(files, package_metadata(bindings, aliased_io, torch_device, cuda_graph, early))
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):
         for name, (tensor, _) in weights.items():
@@ -167,6 +169,21 @@ def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: boo
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
         "zerokv.dependent_launch_kernels": ",".join(early_kernels),
     }
+
+
+def _write_metadata(files, metadata: dict):
+    """Adds `metadata` to the metadata files AOTInductor wrote for the package (beside what it
+    wrote there: the device it compiled for), which the package's loader reads."""
+    written = [f for f in files if isinstance(f, str) and f.endswith("_metadata.json")]
+    if not written:
+        raise AotiCompileError("AOTInductor wrote no metadata file (*_metadata.json) into the package: the engine "
+                               "could not read its binding table")
+    for path in written:
+        with open(path) as file:
+            merged = json.load(file)
+        merged.update(metadata)
+        with open(path, "w") as file:
+            json.dump(merged, file)
 
 
 def _add_constant(build, name, tensor):

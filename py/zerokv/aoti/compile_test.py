@@ -1,6 +1,8 @@
 """compile_aoti's binding table (no AOTInductor compile: those are the runtime's build outputs,
 //py/zerokv/aoti:decode_blobs, exercised by //cc/runtime:backend_aoti_test)."""
 
+import json
+
 import pytest
 import torch
 
@@ -83,7 +85,7 @@ def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch_of_co
 
 def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compiled_to():
     bindings, aliased_io = _table(MutatingStep(), _inputs())
-    early = dependent_launch.KERNELS + dependent_launch.INDUCTOR_KERNELS
+    early = dependent_launch.KERNELS + ("triton_poi_fused_add_0",)
     cuda = package_metadata(bindings, aliased_io, torch.device("cuda"), True, early)
     assert cuda["zerokv.dependent_launch_kernels"].split(",") == list(early)
     assert cuda["zerokv.aliases"] == "k_cache_out=k_cache" and cuda["zerokv.cuda_graph"] == "1"
@@ -92,21 +94,30 @@ def test_a_package_names_the_kernels_that_may_launch_early_where_they_were_compi
     assert not dependent_launch.supported(torch.device("cpu"))
 
 
-@pytest.mark.parametrize("early", [True, False])
-def test_inductors_kernels_have_its_pdl_code_where_they_may_launch_early(monkeypatch, early):
+@pytest.mark.parametrize("supported", [True, False])
+def test_inductors_kernels_have_its_pdl_code_where_they_may_launch_early(monkeypatch, supported):
     """Inductor's kernels (the norms, the rotary embedding) get programmatic edges only compiled with
-    its waits (zerokv.kernels.dependent_launch): the package names them only then."""
+    its waits (zerokv.kernels.dependent_launch)."""
     from zerokv.aoti.compile import compile_aoti
 
     def handed(module, args, kwargs, options):
         raise Handed(options)
 
     monkeypatch.setattr(torch._inductor, "aot_compile", handed)
-    monkeypatch.setattr(dependent_launch, "supported", lambda device: early)
+    monkeypatch.setattr(dependent_launch, "supported", lambda device: supported)
     with pytest.raises(Handed) as caught:
         compile_aoti(MutatingStep(), _inputs(), "cpu")
-    options = caught.value.args[0]
-    assert options["triton.enable_pdl"] is early
-    named = options["aot_inductor.metadata"]["zerokv.dependent_launch_kernels"]
-    assert named == (",".join(dependent_launch.KERNELS + dependent_launch.INDUCTOR_KERNELS) if early else "")
+    assert caught.value.args[0]["triton.enable_pdl"] is supported
     assert isinstance(torch._inductor.config.triton.enable_pdl, bool)  # an option of this torch's Inductor
+
+
+def test_the_metadata_joins_what_aotinductor_wrote_for_the_package(tmp_path):
+    from zerokv.aoti.compile import AotiCompileError, _write_metadata
+
+    written = tmp_path / "wrapper_metadata.json"
+    written.write_text(json.dumps({"AOTI_DEVICE_KEY": "cuda", "zerokv.device": "stale"}))
+    _write_metadata([str(tmp_path / "wrapper.cpp"), str(written)], {"zerokv.device": "cuda", "zerokv.cuda_graph": "1"})
+    assert json.loads(written.read_text()) == {"AOTI_DEVICE_KEY": "cuda", "zerokv.device": "cuda",
+                                               "zerokv.cuda_graph": "1"}
+    with pytest.raises(AotiCompileError, match="no metadata file"):
+        _write_metadata([str(tmp_path / "wrapper.cpp")], {})

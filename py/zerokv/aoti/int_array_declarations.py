@@ -1,16 +1,19 @@
-"""Keeps AOTInductor's C++ wrapper from using a size or stride array it never declared.
+"""Declares each size or stride array of AOTInductor's C++ wrapper where it is used.
 
-Inductor's C++ wrapper declares each size/stride array once per writer and caches the variable's
-name under the writer's `id()` (`CppWrapperCpu.codegen_int_array_var`). Some writers are buffers
-made for one call site and then dropped; CPython gives a new one the dead one's address, so the
-cache answers with a variable declared in the dead buffer, and the new buffer gets no declaration.
-The wrapper then fails to compile, `'int_array_N' was not declared in this scope`, or not,
-depending on where the allocator put the buffers (pytorch/pytorch#193621, open in torch 2.11 and
-2.13). It failed one of two exports of the same staged decode program on the H200.
+Inductor's C++ wrapper declares a size/stride array once and caches the variable's name under the
+array, the writer's `id()` and the graph's (`CppWrapperCpu.codegen_int_array_var`); the cache can
+answer with a variable that is not declared where it is used, and the wrapper fails to compile,
+`'int_array_N' was not declared in this scope`, or not, depending on where the allocator put things:
+- a writer made for one call site and dropped: CPython gives a new one the dead one's address
+  (pytorch/pytorch#193621, open in torch 2.11 and 2.13). It failed one of two exports of the same
+  staged decode program on the H200.
+- with every writer kept alive for the compile (the first workaround here), the 1B decode step's
+  static export still failed on the H200, at a buffer's reuse: a variable declared in the same
+  writer, out of scope there (in a block that had closed, or a pass whose lines were dropped).
 
-`writers_kept_alive()` keeps every writer the cache has seen alive for the compile, so no id is
-reused and a cached name was always declared in the buffer asking for it. The key's other id, the
-graph's, is left as it is: the writers' reuse is what failed.
+`declarations_where_used()` bypasses the cache for the compile: each call declares a variable of
+its own through the writer it is given, just before the line that uses it. The wrapper gets more
+declarations, each in scope.
 """
 
 from __future__ import annotations
@@ -19,14 +22,13 @@ import contextlib
 
 
 @contextlib.contextmanager
-def writers_kept_alive():
+def declarations_where_used():
     from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
     original = CppWrapperCpu.codegen_int_array_var
 
-    def codegen_int_array_var(self, int_array, writeline, *args, **kwargs):
-        self.__dict__.setdefault("_zerokv_int_array_writers", []).append(getattr(writeline, "__self__", writeline))
-        return original(self, int_array, writeline, *args, **kwargs)
+    def codegen_int_array_var(self, int_array, writeline, known_statically=False, graph=None):
+        return self._codegen_int_array_var_impl(int_array, writeline, known_statically)
 
     CppWrapperCpu.codegen_int_array_var = codegen_int_array_var
     try:

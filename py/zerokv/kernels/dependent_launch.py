@@ -12,17 +12,20 @@ the weights stream while the kernel before them drains. On the H200, a chain of 
 Llama-3.2-1B's MLP and output shapes took 423 us as plain launches and 313 us with programmatic
 edges and that early tile; in the 1B decode step the bare engine was 1-3% faster.
 
-Inductor's own pointwise and reduction kernels (the norms, the rotary embedding, the cache writes:
-INDUCTOR_KERNELS) take such edges too, compiled with Inductor's PDL code (triton.enable_pdl, which
-zerokv.aoti.compile_aoti sets where it names them). Inductor puts a kernel's wait before its first
-access to anything the kernel it scheduled before it touches, and before its first access at all
-when that one was not one of its own Triton kernels (a zerokv kernel, any extern call: its
+Inductor's own pointwise and reduction kernels (the norms, the rotary embedding, the cache writes)
+take such edges too, compiled with Inductor's PDL code (triton.enable_pdl, which
+zerokv.aoti.compile_aoti sets where it may name them). Inductor puts a kernel's wait before its
+first access to anything the kernel it scheduled before it touches, and before its first access at
+all when that one was not one of its own Triton kernels (a zerokv kernel, any extern call: its
 scheduler forgets the previous node then); the kernel signals only after its wait. So what such a
 kernel reads or writes before its wait was last touched by a kernel that completed before the one
-it follows signalled: Inductor's kernel signalled after its own wait, and a kernel that does not
-signal (an extern one) launched only once everything before it had ended. A zerokv kernel signals
-as it starts, but the Inductor kernel after it waits before any access. Templates (triton_tem_,
-Inductor's matrix products) have no PDL code and are not named.
+it follows signalled: an Inductor kernel signals after its own wait, and a kernel that does not
+signal launched only once everything before it had ended, or waits before it ends. A zerokv kernel
+signals as it starts, but the Inductor kernel after it waits before any access
+(inductor_waits_gpu_test checks both on the GPU machine's Inductor). A kernel that takes such an
+edge must wait, or it could end before the kernel it follows, and the kernel after it, launched at
+its end, would not wait for that one: waiting_inductor_kernels names only those that wait, and
+signal after it. Templates (triton_tem_, Inductor's matrix products) have no PDL code.
 
 The zerokv AOTInductor engine makes the edges into these kernels programmatic in the step's CUDA
 graph (cc/engines/aoti/dependent_launch.h: the names come from the package's metadata, which
@@ -33,13 +36,15 @@ do nothing.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 
 # The kernels' entry names (Triton names a kernel after its function; compile_aoti keeps them).
 KERNELS = ("_matvec_kernel", "_siblings_kernel", "_split_kernel", "_combine_kernel")
-# Inductor's pointwise, reduction and persistent reduction kernels, by the beginning of their names
-# (cc/engines/aoti/dependent_launch.h: an entry ending in '*').
-INDUCTOR_KERNELS = ("triton_poi_*", "triton_red_*", "triton_per_*")
+# What Inductor names its pointwise, reduction and persistent reduction kernels with, before what
+# they compute.
+INDUCTOR_KINDS = ("triton_poi_", "triton_red_", "triton_per_")
 MIN_CAPABILITY = (9, 0)
 
 
@@ -49,6 +54,20 @@ def supported(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= MIN_CAPABILITY
 
 
-def early_kernels(device: torch.device) -> tuple[str, ...]:
-    """The kernels a package compiled for `device` may let launch early: none before sm_90."""
-    return KERNELS + INDUCTOR_KERNELS if supported(device) else ()
+def waiting_inductor_kernels(sources: Mapping[str, str]) -> tuple[str, ...]:
+    """Of Inductor's kernels ({name: Triton source}), the pointwise and reduction ones that wait for
+    the kernel before them, and signal the kernel after them only after that wait."""
+    def waits_first(source):
+        lines = source.splitlines()
+        wait = next((i for i, line in enumerate(lines) if "gdc_wait(" in line), None)
+        signal = next((i for i, line in enumerate(lines) if "gdc_launch_dependents(" in line), None)
+        return wait is not None and (signal is None or wait < signal)
+
+    return tuple(sorted(name for name, source in sources.items()
+                        if name.startswith(INDUCTOR_KINDS) and waits_first(source)))
+
+
+def early_kernels(device: torch.device, inductor_sources: Mapping[str, str]) -> tuple[str, ...]:
+    """The kernels a package compiled for `device` may let launch early: zerokv's and Inductor's
+    waiting ones (`inductor_sources`: the kernels Inductor wrote for it); none before sm_90."""
+    return KERNELS + waiting_inductor_kernels(inductor_sources) if supported(device) else ()

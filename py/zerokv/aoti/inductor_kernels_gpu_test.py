@@ -1,0 +1,77 @@
+"""What zerokv.kernels.dependent_launch relies on to give Inductor's kernels programmatic edges,
+checked in this torch's Inductor: compiled with its PDL code (triton.enable_pdl), an Inductor kernel
+launched right after a zerokv kernel waits before its first load or store, and every Inductor
+kernel signals the kernel after it only after its wait; and kernel_sources_recorded sees every
+kernel Inductor launches. Inductor writes PDL code only for sm_90 and later, so the test needs such
+a GPU."""
+
+import re
+
+import pytest
+import torch
+from torch._inductor.utils import run_and_get_code
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+    pytest.skip("Inductor writes its PDL code for CUDA GPUs of sm_90 and later; this machine has none",
+                allow_module_level=True)
+
+from zerokv.aoti.inductor_kernels import kernel_sources_recorded  # noqa: E402
+from zerokv.kernels import dependent_launch  # noqa: E402
+from zerokv.kernels import matvec  # noqa: E402,F401  (registers the ops)
+
+
+def _step(x, residual, norm_weight, first, second):
+    """A decoder's pattern: a product, the residual add and RMS norm after it (Inductor's reduction),
+    a product of that, and pointwise work on both products' outputs."""
+    hidden = residual + torch.ops.zerokv.matvec(x, first)
+    variance = hidden.float().pow(2).mean(-1, keepdim=True)
+    normed = norm_weight * (hidden.float() * torch.rsqrt(variance + 1e-5)).to(hidden.dtype)
+    out = torch.ops.zerokv.matvec(normed, second)
+    return hidden * torch.sigmoid(out[..., : hidden.shape[-1]]), out.sum(-1)
+
+
+def _launches_and_sources(code):
+    """([kernel names in launch order], {Inductor kernel name: its source})."""
+    sources = dict(re.findall(r"async_compile\.triton\('(\w+)', '''(.*?)'''", code, re.S))
+    call = code[code.index("def call("):]
+    return re.findall(r"^\s*(\w+)\.run\(", call, re.M), sources
+
+
+def _first(lines, *needles):
+    return next((i for i, line in enumerate(lines) if any(needle in line for needle in needles)), None)
+
+
+def test_inductor_kernels_wait_before_what_a_zerokv_kernel_before_them_writes():
+    torch.manual_seed(0)
+    hidden = 256
+    args = (torch.randn(1, 1, 512, device="cuda", dtype=torch.bfloat16),
+            torch.randn(1, 1, hidden, device="cuda", dtype=torch.bfloat16),
+            torch.rand(hidden, device="cuda", dtype=torch.bfloat16),
+            torch.randn(hidden, 512, device="cuda", dtype=torch.bfloat16),
+            torch.randn(2 * hidden, hidden, device="cuda", dtype=torch.bfloat16))
+    compiled = torch.compile(_step, fullgraph=True, options={"triton.enable_pdl": True,
+                                                             "triton.unique_user_kernel_names": False})
+    with kernel_sources_recorded() as recorded:
+        results, codes = run_and_get_code(compiled, *args)
+    for got, expected in zip(results, _step(*args)):
+        torch.testing.assert_close(got, expected, atol=0.1, rtol=0.05)
+    launches, sources = _launches_and_sources("\n".join(codes))
+    inductors = [name for name in launches if name in sources]
+    assert inductors and len(inductors) < len(launches), f"launches {launches}: no Inductor or no zerokv kernel"
+    after_zerokv = 0
+    for index, name in enumerate(launches):
+        if name not in sources:
+            assert name in dependent_launch.KERNELS, f"{name} is neither Inductor's nor a zerokv kernel"
+            continue
+        assert name.startswith(dependent_launch.INDUCTOR_KINDS), name
+        lines = sources[name].splitlines()
+        wait, signal = _first(lines, "gdc_wait"), _first(lines, "gdc_launch_dependents")
+        access = _first(lines, "tl.load(", "tl.store(")
+        assert wait is not None, f"{name} has no wait:\n{sources[name]}"
+        assert signal is None or wait < signal, f"{name} signals before its wait:\n{sources[name]}"
+        if index and launches[index - 1] not in sources:
+            after_zerokv += 1
+            assert wait < access, f"{name}, after {launches[index - 1]}, accesses memory before its wait:\n" \
+                                  f"{sources[name]}"
+    assert after_zerokv, f"launches {launches}: no Inductor kernel follows a zerokv kernel"
+    assert set(dependent_launch.waiting_inductor_kernels(recorded)) == set(inductors), sorted(recorded)
