@@ -84,24 +84,24 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # Every tile starts below `end`, so its maximum is finite and no exp sees -inf - -inf. A while
-    # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values; so
-    # Triton does not pipeline it, and the loop loads each next tile before it works on this one.
+    # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values.
     tile = start
-    k, v = _kv_tile(k_base, v_base, tile, end, dims, stride_kn, stride_kd, stride_vn, stride_vd, BLOCK_N)
     while tile < end:
-        inside = tile + tl.arange(0, BLOCK_N) < end
-        next_k, next_v = _kv_tile(k_base, v_base, tile + BLOCK_N, end, dims, stride_kn, stride_kd, stride_vn,
-                                  stride_vd, BLOCK_N)
+        positions = tile + tl.arange(0, BLOCK_N)
+        inside = positions < end
+        k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd,
+                    mask=inside[:, None], other=0.0)
         # In float32 whatever `scale` arrives as (Inductor passes a Python float as float64).
         scores = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)
         scores = tl.where(inside[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         weights = tl.exp(scores - new_max[:, None])
         rescale = tl.exp(running_max - new_max)
+        v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd,
+                    mask=inside[:, None], other=0.0)
         weighted = weighted * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
         running_sum = running_sum * rescale + tl.sum(weights, axis=1)
         running_max = new_max
-        k, v = next_k, next_v
         tile += BLOCK_N
 
     # A split past the committed length stores max -inf and sum 0: the combine weighs it 0. The
@@ -110,16 +110,6 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     tl.store(partial_max + row, running_max, mask=real_heads)
     tl.store(partial_sum + row, running_sum, mask=real_heads)
     tl.store(partial_out + row[:, None] * HEAD_DIM + dims[None, :], weighted, mask=real_heads[:, None])
-
-
-@triton.jit
-def _kv_tile(k_base, v_base, tile, end, dims, stride_kn, stride_kd, stride_vn, stride_vd, BLOCK_N: tl.constexpr):
-    """K and V at positions tile.. tile + BLOCK_N, zero from `end` on (nothing is read there)."""
-    positions = tile + tl.arange(0, BLOCK_N)
-    inside = positions < end
-    k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd, mask=inside[:, None], other=0.0)
-    v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd, mask=inside[:, None], other=0.0)
-    return k, v
 
 
 @triton.jit
