@@ -1,5 +1,5 @@
-"""Programmatic dependent launch: in a decode step's CUDA graph, zerokv's kernels and Inductor's may start
-before the kernel before them has ended.
+"""Programmatic dependent launch: in a decode step's CUDA graph, zerokv's kernels and Inductor's
+may start before the kernel before them has ended.
 
 On sm_90 and later, an edge of a CUDA graph between two kernels can be programmatic: the second
 kernel launches once every block of the first has signalled (griddepcontrol.launch_dependents) or
