@@ -38,7 +38,6 @@ products whose weights are the program's constants load their first tile before 
 
 import dataclasses
 import hashlib
-import json
 import os
 import tempfile
 from typing import Optional, Sequence, Union
@@ -64,6 +63,10 @@ class AotiCompileError(ZeroKVError, ValueError):
     """The partition cannot be compiled into a zerokv AOTInductor engine; the message names the input
     or output at fault and what to change."""
 
+
+# The package's metadata entry that names the kernels that may launch early (the engine's
+# ReadDependentLaunch reads it).
+EARLY_KERNELS_KEY = "zerokv.dependent_launch_kernels"
 
 # Named data entries are aligned for the engines' vector loads (AOTInductor aligns constants to 64).
 NAMED_DATA_ALIGNMENT = 64
@@ -123,17 +126,21 @@ def compile_aoti(
 
     bindings, aliased_io = _binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
+    # zerokv's kernels; Inductor's are named as it defines them (_name_early_kernels).
+    metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph,
+                                dependent_launch.early_kernels(torch_device, {}))
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
-    with declarations_where_used(), kernel_sources_recorded() as inductor_sources:
+    with declarations_where_used(), kernel_sources_recorded(lambda sources: _name_early_kernels(torch_device, sources)):
         files = torch._inductor.aot_compile(
             module,
             args,
             kwargs,
             options={
                 "aot_inductor.package": True,
+                "aot_inductor.metadata": metadata,
                 "aot_inductor.package_constants_in_so": False,
                 # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
                 "aot_inductor.package_constants_on_disk_format": "pickle_weights",
@@ -142,9 +149,6 @@ def compile_aoti(
                 "triton.enable_pdl": dependent_launch.supported(torch_device),
             },
         )
-    # The metadata names the Inductor kernels that wait, known once Inductor has written them.
-    early = dependent_launch.early_kernels(torch_device, inductor_sources)
-    _write_metadata(files, package_metadata(bindings, aliased_io, torch_device, cuda_graph, early))
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):
         for name, (tensor, _) in weights.items():
@@ -167,23 +171,17 @@ def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: boo
         "zerokv.aliases": ";".join(f"{a.output}={a.input}" for a in aliased_io),
         "zerokv.device": device.type,
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
-        "zerokv.dependent_launch_kernels": ",".join(early_kernels),
+        EARLY_KERNELS_KEY: ",".join(early_kernels),
     }
 
 
-def _write_metadata(files, metadata: dict):
-    """Adds `metadata` to the metadata files AOTInductor wrote for the package (beside what it
-    wrote there: the device it compiled for), which the package's loader reads."""
-    written = [f for f in files if isinstance(f, str) and f.endswith("_metadata.json")]
-    if not written:
-        raise AotiCompileError("AOTInductor wrote no metadata file (*_metadata.json) into the package: the engine "
-                               "could not read its binding table")
-    for path in written:
-        with open(path) as file:
-            merged = json.load(file)
-        merged.update(metadata)
-        with open(path, "w") as file:
-            json.dump(merged, file)
+def _name_early_kernels(device: torch.device, inductor_sources) -> None:
+    """Names, in the metadata of the package being compiled, the kernels that may launch early,
+    Inductor's defined so far among them. AOTInductor writes the package's metadata from its
+    configuration's, under its lock, once it has defined every kernel: the names are there then.
+    Only this compile's configuration is changed (the options are a patch of it)."""
+    torch._inductor.config.aot_inductor.metadata[EARLY_KERNELS_KEY] = ",".join(
+        dependent_launch.early_kernels(device, inductor_sources))
 
 
 def _add_constant(build, name, tensor):

@@ -111,13 +111,28 @@ def test_inductors_kernels_have_its_pdl_code_where_they_may_launch_early(monkeyp
     assert isinstance(torch._inductor.config.triton.enable_pdl, bool)  # an option of this torch's Inductor
 
 
-def test_the_metadata_joins_what_aotinductor_wrote_for_the_package(tmp_path):
-    from zerokv.aoti.compile import AotiCompileError, _write_metadata
+def test_kernels_named_while_aotinductor_compiles_are_in_the_metadata_it_writes(monkeypatch):
+    """compile_aoti names Inductor's kernels in the package's metadata as Inductor defines them,
+    before AOTInductor writes that metadata from its configuration; nothing outlives the compile.
+    (Inductor defines Triton kernels for CUDA only: here its C++ wrapper's code generation, which
+    runs after every kernel is defined, names one instead.)"""
+    from torch._inductor.codegen.cpp_wrapper_cpu import CppWrapperCpu
 
-    written = tmp_path / "wrapper_metadata.json"
-    written.write_text(json.dumps({"AOTI_DEVICE_KEY": "cuda", "zerokv.device": "stale"}))
-    _write_metadata([str(tmp_path / "wrapper.cpp"), str(written)], {"zerokv.device": "cuda", "zerokv.cuda_graph": "1"})
-    assert json.loads(written.read_text()) == {"AOTI_DEVICE_KEY": "cuda", "zerokv.device": "cuda",
-                                               "zerokv.cuda_graph": "1"}
-    with pytest.raises(AotiCompileError, match="no metadata file"):
-        _write_metadata([str(tmp_path / "wrapper.cpp")], {})
+    from zerokv.aoti.compile import EARLY_KERNELS_KEY, _name_early_kernels
+
+    waits = "def triton_poi_fused_add_0(in_ptr0):\n    tl.extra.cuda.gdc_wait()\n    tl.load(in_ptr0)\n"
+    generate = CppWrapperCpu.generate
+
+    def generate_naming(self, *args, **kwargs):
+        _name_early_kernels(torch.device("cpu"), {"triton_poi_fused_add_0": waits})
+        return generate(self, *args, **kwargs)
+
+    monkeypatch.setattr(dependent_launch, "supported", lambda device: True)
+    monkeypatch.setattr(CppWrapperCpu, "generate", generate_naming)
+    files = torch._inductor.aot_compile(
+        torch.export.export(MutatingStep(), _inputs()).module(), _inputs(),
+        options={"aot_inductor.package": True, "aot_inductor.metadata": {EARLY_KERNELS_KEY: "", "zerokv.device": "cpu"}})
+    written = [json.loads(open(f).read()) for f in files if isinstance(f, str) and f.endswith("_metadata.json")]
+    assert written and all(m[EARLY_KERNELS_KEY] == ",".join(dependent_launch.KERNELS + ("triton_poi_fused_add_0",))
+                           and m["zerokv.device"] == "cpu" for m in written)
+    assert torch._inductor.config.aot_inductor.metadata == {}
