@@ -37,6 +37,7 @@ products whose weights are the program's constants load their first tile before 
 """
 
 import dataclasses
+import functools
 import hashlib
 import os
 import tempfile
@@ -133,7 +134,8 @@ def compile_aoti(
     module = program.module(check_guards=False)
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
-    with declarations_where_used(), kernel_sources_recorded(lambda sources: _name_early_kernels(torch_device, sources)):
+    name_early_kernels = functools.partial(_name_early_kernels, torch_device)
+    with declarations_where_used(), kernel_sources_recorded(name_early_kernels):
         files = torch._inductor.aot_compile(
             module,
             args,
