@@ -39,8 +39,11 @@ products whose weights are the program's constants load their first tile before 
 import dataclasses
 import functools
 import hashlib
+import io
+import json
 import os
 import tempfile
+import zipfile
 from typing import Optional, Sequence, Union
 
 import torch
@@ -135,7 +138,7 @@ def compile_aoti(
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
-    with declarations_where_used(), kernel_sources_recorded(name_early_kernels):
+    with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:
         files = torch._inductor.aot_compile(
             module,
             args,
@@ -151,6 +154,7 @@ def compile_aoti(
                 "triton.enable_pdl": dependent_launch.supported(torch_device),
             },
         )
+    metadata[EARLY_KERNELS_KEY] = ",".join(dependent_launch.early_kernels(torch_device, inductor_sources))
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):
         for name, (tensor, _) in weights.items():
@@ -160,6 +164,7 @@ def compile_aoti(
         package_aoti(path, [f for f in files if isinstance(f, str)])
         with open(path, "rb") as package:
             build.payload = package.read()
+    check_packaged_metadata(build.payload, metadata)
     return build
 
 
@@ -175,6 +180,30 @@ def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: boo
         "zerokv.cuda_graph": "1" if cuda_graph else "0",
         EARLY_KERNELS_KEY: ",".join(early_kernels),
     }
+
+
+def check_packaged_metadata(payload: bytes, metadata: dict) -> None:
+    """Raises AotiCompileError unless every metadata file in the package holds `metadata`.
+    AOTInductor writes them into Inductor's cache, which every compile of the same program on the
+    machine shares, and the package is made from there after AOTInductor's lock is released: a
+    compile of it elsewhere (another engine's options, a test's other shard) may have rewritten
+    one meanwhile."""
+    with zipfile.ZipFile(io.BytesIO(payload)) as package:
+        names = [name for name in package.namelist() if name.endswith("_metadata.json")]
+        if not names:
+            raise AotiCompileError("the AOTInductor package has no metadata file (*_metadata.json): the engine could "
+                                   "not read its binding table")
+        for name in names:
+            try:
+                packaged = json.loads(package.read(name))
+            except ValueError as error:
+                packaged = {"unreadable": str(error)}
+            wrong = sorted(key for key, value in metadata.items() if packaged.get(key) != value)
+            if wrong:
+                raise AotiCompileError(
+                    f"the AOTInductor package's {name} is not this compile's metadata ({', '.join(wrong)} differ"
+                    f"{'; ' + packaged['unreadable'] if 'unreadable' in packaged else ''}): another compile of the "
+                    "same program on this machine rewrote it in Inductor's cache before it was packaged; compile again")
 
 
 def _name_early_kernels(device: torch.device, inductor_sources) -> None:

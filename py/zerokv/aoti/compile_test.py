@@ -1,7 +1,10 @@
-"""compile_aoti's binding table (no AOTInductor compile: those are the runtime's build outputs,
-//py/zerokv/aoti:decode_blobs, exercised by //cc/runtime:backend_aoti_test)."""
+"""compile_aoti's binding table, metadata and options (one small AOTInductor compile; the engines'
+are the runtime's build outputs, //py/zerokv/aoti:decode_blobs, exercised by
+//cc/runtime:backend_aoti_test)."""
 
+import io
 import json
+import zipfile
 
 import pytest
 import torch
@@ -136,3 +139,27 @@ def test_kernels_named_while_aotinductor_compiles_are_in_the_metadata_it_writes(
     assert written and all(m[EARLY_KERNELS_KEY] == ",".join(dependent_launch.KERNELS + ("triton_poi_fused_add_0",))
                            and m["zerokv.device"] == "cpu" for m in written)
     assert torch._inductor.config.aot_inductor.metadata == {}
+
+
+def _package(**files):
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as package:
+        for name, text in files.items():
+            package.writestr(f"engine/data/aotinductor/model/{name}", text)
+    return buffer.getvalue()
+
+
+def test_a_package_holding_another_compiles_metadata_is_refused_by_name():
+    from zerokv.aoti.compile import AotiCompileError, check_packaged_metadata
+
+    ours = {"zerokv.bindings": "x:INPUT:FLOAT32", "zerokv.dependent_launch_kernels": "_matvec_kernel"}
+    check_packaged_metadata(_package(**{"w_metadata.json": json.dumps({**ours, "AOTI_DEVICE_KEY": "cuda"}), "w.so": ""}), ours)
+    # As the H200 saw it: what another compile wrote (no binding table), and two documents in one file.
+    theirs = json.dumps({"AOTI_DEVICE_KEY": "cuda"})
+    with pytest.raises(AotiCompileError, match=r"w_metadata.json is not this compile's metadata \(zerokv.bindings, "
+                                               r"zerokv.dependent_launch_kernels differ\)"):
+        check_packaged_metadata(_package(**{"w_metadata.json": theirs}), ours)
+    with pytest.raises(AotiCompileError, match="k_metadata.json is not this compile's metadata.*Extra data"):
+        check_packaged_metadata(_package(**{"k_metadata.json": json.dumps(ours) + theirs}), ours)
+    with pytest.raises(AotiCompileError, match="no metadata file"):
+        check_packaged_metadata(_package(**{"w.so": ""}), ours)
