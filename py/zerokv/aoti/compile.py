@@ -183,11 +183,12 @@ def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: boo
 
 
 def check_packaged_metadata(payload: bytes, metadata: dict) -> None:
-    """Raises AotiCompileError unless every metadata file in the package holds `metadata`.
-    AOTInductor writes them into Inductor's cache, which every compile of the same program on the
-    machine shares, and the package is made from there after AOTInductor's lock is released: a
-    compile of it elsewhere (another engine's options, a test's other shard) may have rewritten
-    one meanwhile."""
+    """Raises AotiCompileError unless every metadata file in the package holds `metadata`, but for
+    the kernels that may launch early, of which it may name fewer (a package whose Inductor kernels
+    launch as captured is slower, not wrong). AOTInductor writes the files into Inductor's cache,
+    which every compile of the same program on the machine shares, and the package is made from
+    there after AOTInductor's lock is released: a compile of it elsewhere (another engine's
+    options, a test's other shard) may have rewritten one meanwhile."""
     with zipfile.ZipFile(io.BytesIO(payload)) as package:
         names = [name for name in package.namelist() if name.endswith("_metadata.json")]
         if not names:
@@ -198,12 +199,18 @@ def check_packaged_metadata(payload: bytes, metadata: dict) -> None:
                 packaged = json.loads(package.read(name))
             except ValueError as error:
                 packaged = {"unreadable": str(error)}
-            wrong = sorted(key for key, value in metadata.items() if packaged.get(key) != value)
+            wrong = sorted(key for key, value in metadata.items() if _differs(key, value, packaged.get(key)))
             if wrong:
                 raise AotiCompileError(
                     f"the AOTInductor package's {name} is not this compile's metadata ({', '.join(wrong)} differ"
                     f"{'; ' + packaged['unreadable'] if 'unreadable' in packaged else ''}): another compile of the "
                     "same program on this machine rewrote it in Inductor's cache before it was packaged; compile again")
+
+
+def _differs(key: str, ours: str, packaged) -> bool:
+    if key == EARLY_KERNELS_KEY and isinstance(packaged, str):
+        return not set(filter(None, packaged.split(","))) <= set(ours.split(","))
+    return packaged != ours
 
 
 def _name_early_kernels(device: torch.device, inductor_sources) -> None:

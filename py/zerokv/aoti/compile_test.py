@@ -150,10 +150,15 @@ def _package(**files):
 
 
 def test_a_package_holding_another_compiles_metadata_is_refused_by_name():
-    from zerokv.aoti.compile import AotiCompileError, check_packaged_metadata
+    from zerokv.aoti.compile import EARLY_KERNELS_KEY, AotiCompileError, check_packaged_metadata
 
     ours = {"zerokv.bindings": "x:INPUT:FLOAT32", "zerokv.dependent_launch_kernels": "_matvec_kernel"}
     check_packaged_metadata(_package(**{"w_metadata.json": json.dumps({**ours, "AOTI_DEVICE_KEY": "cuda"}), "w.so": ""}), ours)
+    # Fewer kernels named early is slower, not wrong; one this compile did not name is refused.
+    check_packaged_metadata(_package(**{"w_metadata.json": json.dumps({**ours, EARLY_KERNELS_KEY: ""})}), ours)
+    with pytest.raises(AotiCompileError, match=r"\(zerokv.dependent_launch_kernels differ\)"):
+        check_packaged_metadata(_package(**{"w_metadata.json": json.dumps(
+            {**ours, EARLY_KERNELS_KEY: "_matvec_kernel,triton_poi_fused_zeros_0"})}), ours)
     # As the H200 saw it: what another compile wrote (no binding table), and two documents in one file.
     theirs = json.dumps({"AOTI_DEVICE_KEY": "cuda"})
     with pytest.raises(AotiCompileError, match=r"w_metadata.json is not this compile's metadata \(zerokv.bindings, "
