@@ -14,7 +14,10 @@ makes of a delegate whose caches were promised in-place writes.
 Engine binding order: inputs in the graph's placeholder order, then the aliased outputs (in the
 order torch.export lists the mutations), then the returned outputs. The same table goes into the
 package's AOTInductor metadata (zerokv.bindings / zerokv.aliases / zerokv.device), which the C++
-engine reports back so the runtime can check the blob against it.
+engine reports back so the runtime can check the blob against it. AOTInductor writes that metadata
+into Inductor's cache, shared by every compile of the program on the machine, so compile_aoti reads
+the finished package back and refuses one that holds another compile's
+(check_packaged_metadata).
 
 Weights. The package holds the compiled code only (aot_inductor.package_constants_in_so=False): each
 constant AOTInductor keeps (its weights, by fully qualified name) becomes a blob.Constant whose
