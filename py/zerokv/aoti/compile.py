@@ -206,8 +206,9 @@ def check_packaged_metadata(payload: bytes, metadata: dict) -> None:
             if wrong:
                 raise AotiCompileError(
                     f"the AOTInductor package's {name} is not this compile's metadata ({', '.join(wrong)} differ"
-                    f"{'; ' + packaged['unreadable'] if 'unreadable' in packaged else ''}): another compile of the "
-                    "same program on this machine rewrote it in Inductor's cache before it was packaged; compile again")
+                    f"{'; ' + packaged['unreadable'] if 'unreadable' in packaged else ''}). AOTInductor wrote it into "
+                    "Inductor's cache, which every compile of the same program on this machine shares: another "
+                    "compile may have rewritten it before it was packaged. Compile again")
 
 
 def _differs(key: str, ours: str, packaged) -> bool:
