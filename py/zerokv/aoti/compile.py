@@ -28,7 +28,9 @@ package, the blob or a temporary file.
 
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
 value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
-(zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
+(zerokv.kernels.sibling_matvecs): the same values, in fewer launches. The RMS norms the products
+read and the residual additions of their outputs go into the products' kernels
+(zerokv.kernels.product_fusion).
 
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
 the kernels that wait for the kernel before them (zerokv.kernels.dependent_launch): zerokv's, and
@@ -63,6 +65,7 @@ from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 from zerokv.kernels import dependent_launch
 from zerokv.kernels.constant_weights import mark_constant_weights
+from zerokv.kernels.product_fusion import fuse_residual_additions, fuse_rms_norms
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
@@ -138,7 +141,8 @@ def compile_aoti(
                                 dependent_launch.early_kernels(torch_device, {}))
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
-    if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
+    if (group_sibling_matvecs(module.graph) + fuse_rms_norms(module.graph, module)
+            + fuse_residual_additions(module.graph) + mark_constant_weights(module.graph)):
         module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
     with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:
