@@ -141,9 +141,7 @@ def compile_aoti(
                                 dependent_launch.early_kernels(torch_device, {}))
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
-    if (group_sibling_matvecs(module.graph) + fuse_rms_norms(module.graph, module)
-            + fuse_residual_additions(module.graph) + mark_constant_weights(module.graph)):
-        module.recompile()
+    lower_products(module)
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
     with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:
         files = torch._inductor.aot_compile(
@@ -173,6 +171,15 @@ def compile_aoti(
             build.payload = package.read()
     check_packaged_metadata(build.payload, metadata)
     return build
+
+
+def lower_products(module: torch.fx.GraphModule) -> None:
+    """What compile_aoti does to a program's one-token products before AOTInductor compiles it:
+    siblings in one launch, norms and residual additions in the products, constant weights marked.
+    //tools/bench:decode_roofline_profile lowers the step the same way."""
+    if (group_sibling_matvecs(module.graph) + fuse_rms_norms(module.graph, module)
+            + fuse_residual_additions(module.graph) + mark_constant_weights(module.graph)):
+        module.recompile()
 
 
 def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: bool,
