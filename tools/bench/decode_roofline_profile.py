@@ -4,11 +4,10 @@
                                [--linear matvec|torch] POSITION...
 
 The step is the static-cache program of decode_roofline_programs.py (zerokv's decode kernels,
-bfloat16), exported, with the graph passes the zerokv engine runs (zerokv.aoti.compile.lower_products:
-sibling one-token products in one launch, norms and residual additions in the products), compiled
-with its Inductor options (coordinate-descent tuning) by torch.compile instead of AOTInductor: the
-same lowering, loaded in Python, where the PyTorch profiler sees each kernel. It is captured as one
-CUDA graph and replayed at each POSITION.
+bfloat16), compiled with the Inductor options and graph pass the zerokv engine uses
+(coordinate-descent tuning, sibling one-token products in one launch) by torch.compile instead of
+AOTInductor: the same lowering, loaded in Python, where the PyTorch
+profiler sees each kernel. It is captured as one CUDA graph and replayed at each POSITION.
 
 Writes OUT (markdown): per position, the graph replay's median ms and the kernels' time per step;
 at --detail, every kernel with its launches per step and its time (CUDA events and the profiler on
@@ -30,24 +29,23 @@ PROFILED_REPLAYS = 10
 
 
 def _step(shape, max_cache, linear):
-    from zerokv.aoti.compile import lower_products
-
     model = bench_model.build(shape, device="cuda")
     use_decode_kernels(model, linear)
     step = StaticCacheStep(model, max_cache).cuda().eval()
-    with torch.no_grad():
-        program = torch.export.export(step, (torch.zeros(1, 1, dtype=torch.long, device="cuda"),
-                                             torch.tensor([0], device="cuda")))
-    module = program.run_decompositions({}).module()
-    lower_products(module)
-    return torch.compile(module, fullgraph=True, dynamic=False, backend=_as_the_engine_compiles)
+    return torch.compile(step, fullgraph=True, dynamic=False, backend=_as_the_engine_compiles)
 
 
 def _as_the_engine_compiles(graph_module, example_inputs):
-    """Inductor with the zerokv engine's options (zerokv.aoti.compile_aoti). Its CUDA graph has no
-    programmatic edges: those are the engine's."""
+    """Inductor with the zerokv engine's options and graph passes (zerokv.aoti.compile_aoti). Its
+    graph takes the parameters as inputs, so no product is marked as of constant weights, and its
+    CUDA graph has no programmatic edges: those are the engine's."""
     from torch._inductor.compile_fx import compile_fx
 
+    from zerokv.kernels.constant_weights import mark_constant_weights
+    from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
+
+    if group_sibling_matvecs(graph_module.graph) + mark_constant_weights(graph_module.graph):
+        graph_module.recompile()
     return compile_fx(graph_module, example_inputs,
                       config_patches={"coordinate_descent_tuning": True, "triton.cudagraphs": False})
 

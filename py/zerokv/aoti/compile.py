@@ -28,9 +28,7 @@ package, the blob or a temporary file.
 
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
 value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
-(zerokv.kernels.sibling_matvecs): the same values, in fewer launches. The RMS norms the products
-read and the residual additions of their outputs go into the products' kernels
-(zerokv.kernels.product_fusion).
+(zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
 
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
 the kernels that wait for the kernel before them (zerokv.kernels.dependent_launch): zerokv's, and
@@ -65,7 +63,6 @@ from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
 from zerokv.kernels import dependent_launch
 from zerokv.kernels.constant_weights import mark_constant_weights
-from zerokv.kernels.product_fusion import fuse_residual_additions, fuse_rms_norms
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
 
@@ -141,7 +138,8 @@ def compile_aoti(
                                 dependent_launch.early_kernels(torch_device, {}))
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
-    lower_products(module)
+    if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
+        module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
     with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:
         files = torch._inductor.aot_compile(
@@ -171,15 +169,6 @@ def compile_aoti(
             build.payload = package.read()
     check_packaged_metadata(build.payload, metadata)
     return build
-
-
-def lower_products(module: torch.fx.GraphModule) -> None:
-    """What compile_aoti does to a program's one-token products before AOTInductor compiles it:
-    siblings in one launch, norms and residual additions in the products, constant weights marked.
-    //tools/bench:decode_roofline_profile lowers the step the same way."""
-    if (group_sibling_matvecs(module.graph) + fuse_rms_norms(module.graph, module)
-            + fuse_residual_additions(module.graph) + mark_constant_weights(module.graph)):
-        module.recompile()
 
 
 def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: bool,

@@ -76,40 +76,36 @@ def _combine(dtype, dependent_launch):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16", "fp32"])
 @pytest.mark.parametrize("inputs", [2048, 100])  # whole blocks of columns, and a partial one
 @pytest.mark.parametrize("integers", ["i32", "i64"])
-@pytest.mark.parametrize("bias, gated, normed, residual", [
-    (True, False, False, False), (False, False, False, False), (False, True, False, False),
-    (False, False, True, False), (False, True, True, False), (True, False, False, True), (False, False, True, True)])
-def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, gated, normed, residual):
-    compiled = _matvec(dtype, inputs, integers, bias, gated, dependent_launch=True, normed=normed, residual=residual)
+@pytest.mark.parametrize("bias, gated", [(True, False), (False, False), (False, True)])
+def test_the_matvec_kernel_compiles_for_the_h200(dtype, inputs, integers, bias, gated):
+    compiled = _matvec(dtype, inputs, integers, bias, gated, dependent_launch=True)
     assert ".entry _matvec_kernel" in compiled.asm["ptx"]
 
 
-def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_weights=True, normed=False,
-            residual=False):
-    types = {**{name: f"*{dtype}" for name in ("X", "W", "Up", "Bias", "Norm", "Residual", "Y")}, "norm_eps": "fp32",
+def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_weights=True):
+    types = {"X": f"*{dtype}", "W": f"*{dtype}", "Up": f"*{dtype}", "Bias": f"*{dtype}", "Y": f"*{dtype}",
              "int": integers}
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
     return _compile(mv._matvec_kernel, types,
-                    {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "NORMED": normed, "HAS_RESIDUAL": residual,
-                     "BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": inputs % block_k == 0,
-                     "DEPENDENT_LAUNCH": dependent_launch, "CONSTANT_WEIGHTS": constant_weights}, num_warps)
+                    {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n, "BLOCK_K": block_k,
+                     "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch,
+                     "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("integers", ["i32", "i64"])
 @pytest.mark.parametrize("biases", [(False, False, False), (True, True, True), (True, False, True)])
-@pytest.mark.parametrize("normed", [False, True])
-def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases, normed):
-    compiled = _siblings(dtype, integers, biases, dependent_launch=True, normed=normed)
+def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases):
+    compiled = _siblings(dtype, integers, biases, dependent_launch=True)
     assert ".entry _siblings_kernel" in compiled.asm["ptx"]
 
 
-def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True, normed=False):
-    types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Norm", "Y0", "Y1", "Y2")}
+def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True):
+    types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2")}
     block_n, block_k, num_warps = mv.config_for(512, 2048)
-    return _compile(mv._siblings_kernel, {**types, "norm_eps": "fp32", "int": integers},
-                    {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "NORMED": normed,
-                     "BLOCK_N": block_n, "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
+    return _compile(mv._siblings_kernel, {**types, "int": integers},
+                    {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
+                     "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
                      "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
@@ -180,23 +176,17 @@ def test_the_kernels_that_may_launch_early_are_these():
     assert set(dependent_launch.KERNELS) == {kernel.__name__ for kernel in kernels}
 
 
-@pytest.mark.parametrize("kernel", ["matvec", "down", "gated", "bias", "partial columns", "siblings", "normed gated",
-                                    "normed siblings", "residual", "normed, residual, partial columns"])
+@pytest.mark.parametrize("kernel", ["matvec", "down", "gated", "bias", "partial columns", "siblings"])
 def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_wait(kernel):
-    """No kernel writes the program's constants, so loading them early is safe; x, the bias, the
-    norm's weight and the residual are not read, and no output written, before the kernel before has
-    completed. The weights' loads are the ones that evict first."""
+    """No kernel writes the program's constants, so loading them early is safe; x and the bias are
+    not read, and no output written, before the kernel before has completed. The weights' loads are
+    the ones that evict first."""
     compiled = {"matvec": lambda: _matvec("bf16", 2048, "i32", False, False, True),
                 "down": lambda: _matvec("bf16", 8192, "i32", False, False, True),
                 "gated": lambda: _matvec("bf16", 2048, "i32", False, True, True),
                 "bias": lambda: _matvec("bf16", 2048, "i32", True, False, True),
                 "partial columns": lambda: _matvec("bf16", 100, "i64", True, True, True),
-                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True),
-                "normed gated": lambda: _matvec("bf16", 2048, "i32", False, True, True, normed=True),
-                "normed siblings": lambda: _siblings("bf16", "i32", (False,) * 3, True, normed=True),
-                "residual": lambda: _matvec("bf16", 8192, "i32", False, False, True, residual=True),
-                "normed, residual, partial columns": lambda: _matvec("bf16", 100, "i64", True, False, True,
-                                                                     normed=True, residual=True)}[kernel]()
+                "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True)}[kernel]()
     accesses = _accesses(compiled.asm["ptx"])
     early = [access for access, waited in accesses if not waited]
     assert early and all(access.startswith("ld.global") and "evict_first" in access for access in early)
@@ -204,8 +194,7 @@ def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_w
     assert any(access.startswith("st.global") for access, _ in accesses)
 
 
-@pytest.mark.parametrize("kernel", ["split", "combine", "matvec", "gated", "siblings", "normed, residual",
-                                    "normed siblings"])
+@pytest.mark.parametrize("kernel", ["split", "combine", "matvec", "gated", "siblings"])
 def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
     """Attention reads what the kernels before write; a product's weights may be computed in the
     step unless zerokv.kernels.constant_weights marked them."""
@@ -214,10 +203,6 @@ def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
                 "matvec": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False),
                 "gated": lambda: _matvec("bf16", 8192, "i32", False, True, True, constant_weights=False),
                 "siblings": lambda: _siblings("bf16", "i32", (True, False, True), True, constant_weights=False),
-                "normed, residual": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False,
-                                                    normed=True, residual=True),
-                "normed siblings": lambda: _siblings("bf16", "i32", (True, False, True), True, constant_weights=False,
-                                                     normed=True),
                 }[kernel]()
     accesses = _accesses(compiled.asm["ptx"])
     assert accesses and all(waited for _, waited in accesses)
@@ -251,16 +236,13 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
 
     bf16, fp32 = torch.bfloat16, torch.float32
     x, weight, y = torch.empty(2048, dtype=bf16), torch.empty(8192, 2048, dtype=bf16), torch.empty(8192, dtype=bf16)
-    for gated, normed, residual in ((True, False, False), (True, True, False), (False, True, True)):
-        assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Norm=x, Residual=y, Y=y, N=8192,
-                       stride_wn=2048, stride_un=2048, norm_eps=1e-5, K=2048, GATED=gated, HAS_BIAS=False,
-                       NORMED=normed, HAS_RESIDUAL=residual, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
-                       CONSTANT_WEIGHTS=constant_weights) == ["Y"]
-    for normed in (False, True):
-        assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Norm=x, Y0=y,
-                       Y1=y, Y2=y, N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, norm_eps=1e-5,
-                       K=2048, HAS_BIAS0=False, HAS_BIAS1=False, HAS_BIAS2=False, NORMED=normed, BLOCK_N=2,
-                       BLOCK_K=1024, EVEN_K=True, CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
+    assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Y=y, N=8192, stride_wn=2048, stride_un=2048,
+                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
+                   CONSTANT_WEIGHTS=constant_weights) == ["Y"]
+    assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y, Y2=y,
+                   N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, K=2048, HAS_BIAS0=False,
+                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
+                   CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
     assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
@@ -291,16 +273,12 @@ def test_without_dependent_launch_a_kernel_has_no_wait():
         assert "griddepcontrol" not in compiled.asm["ptx"]
 
 
-@pytest.mark.parametrize("kernel", ["matvec", "matvec, computed weights", "normed, residual", "normed siblings",
-                                    "siblings", "split", "combine"])
+@pytest.mark.parametrize("kernel", ["matvec", "matvec, computed weights", "siblings", "split", "combine"])
 def test_the_wait_leaves_the_loads_as_they_were(kernel):
     """The 0 the wait returns is added to addresses; unless it is known to keep their alignment,
     vector loads become loads of one element (K and V's tiles in attention)."""
     compile_with = {"matvec": lambda wait: _matvec("bf16", 2048, "i32", True, True, wait),
                     "matvec, computed weights": lambda wait: _matvec("bf16", 2048, "i32", True, True, wait, False),
-                    "normed, residual": lambda wait: _matvec("bf16", 2048, "i32", False, False, wait, normed=True,
-                                                             residual=True),
-                    "normed siblings": lambda wait: _siblings("bf16", "i32", (False,) * 3, wait, normed=True),
                     "siblings": lambda wait: _siblings("bf16", "i32", (True, False, True), wait),
                     "split": lambda wait: _split("bf16", "fp64", "i32", wait),
                     "combine": lambda wait: _combine("bf16", wait)}[kernel]

@@ -5,11 +5,8 @@ token), `weight` [N, K] as nn.Linear stores it, and an optional `bias` [N]; it r
 x's dtype, accumulated in float32. Two more ops read one x in one launch:
 `gated_matvec(x, gate_weight, up_weight)` returns SiLU(x gate^T) * (x up^T), a gated MLP's input to
 its down projection, and `matvec_siblings(x, weights, biases)` returns 2 or 3 products (an
-attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in a graph). Each may
-read x through an RMS norm (`norm_weight`, `norm_eps`), and matvec may add a `residual` to its
-output, so that a decoder's norms and residual additions are not kernels of their own
-(zerokv.kernels.product_fusion). They are `torch.library.triton_op`s, so AOTInductor compiles their
-kernels into the engine like its own.
+attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in a graph). They are
+`torch.library.triton_op`s, so AOTInductor compiles their kernels into the engine like its own.
 On sm_90 and later they wait for the kernel before them (zerokv.kernels.dependent_launch) before
 they read x; with `constant_weights=True` (zerokv.kernels.constant_weights sets it where the weights
 are the program's constants) their programs load their first tile of the weights before that wait,
@@ -53,23 +50,18 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _rows(X, W, Up, Bias, Norm, Residual, Y, N, stride_wn, stride_un, norm_eps, block, K: tl.constexpr,
-          GATED: tl.constexpr, HAS_BIAS: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-          BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr,
-          CONSTANT_WEIGHTS: tl.constexpr):
-    """Rows block * BLOCK_N.. of x W^T + bias (+ residual) or, GATED, of SiLU(x W^T) * (x Up^T); NORMED,
-    x is first RMS-normed and scaled by Norm."""
+def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
+          HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+          DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
+    """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
     # What the kernel before may have written is read after the wait for it
-    # (zerokv.kernels.dependent_launch): x, the norm's weight and the residual, and the weights unless
-    # they are the program's constants.
+    # (zerokv.kernels.dependent_launch): x, and the weights unless they are the program's constants.
     if DEPENDENT_LAUNCH and not CONSTANT_WEIGHTS:
         after_the_wait = wait_for_the_kernel_before()
         X += after_the_wait
         W += after_the_wait
         Up += after_the_wait
         Bias += after_the_wait
-        Norm += after_the_wait
-        Residual += after_the_wait
     rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
     columns = tl.arange(0, BLOCK_K)
@@ -88,104 +80,72 @@ def _rows(X, W, Up, Bias, Norm, Residual, Y, N, stride_wn, stride_un, norm_eps, 
         up_first_tile = tl.load(up_row_starts + columns[None, :], mask=first_mask, other=0.0,
                                 eviction_policy="evict_first")
     if DEPENDENT_LAUNCH and CONSTANT_WEIGHTS:
-        after_the_wait = wait_for_the_kernel_before()
-        X += after_the_wait
-        Norm += after_the_wait
-        Residual += after_the_wait
+        X += wait_for_the_kernel_before()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    # The norm's scale, rsqrt(mean(x^2) + eps), is one number for the row: the sum of squares is
-    # taken along the loop, and the scale applied to the sums at the end.
-    squares = tl.zeros([BLOCK_K], tl.float32)
     for start in range(BLOCK_K, K, BLOCK_K):
-        inside_columns = start + columns < K
         if EVEN_K:
             mask = inside_rows[:, None]
+            x = tl.load(X + start + columns)
         else:
+            inside_columns = start + columns < K
             mask = inside_rows[:, None] & inside_columns[None, :]
-        x, x_squared = _input(X, Norm, start + columns, inside_columns, NORMED, EVEN_K)
-        squares += x_squared
+            x = tl.load(X + start + columns, mask=inside_columns, other=0.0)
         w = tl.load(row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-        acc += w.to(tl.float32) * x[None, :]
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         if GATED:
             up = tl.load(up_row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
-            up_acc += up.to(tl.float32) * x[None, :]
-    x, x_squared = _input(X, Norm, columns, columns < K, NORMED, EVEN_K)
-    squares += x_squared
-    acc += first_tile.to(tl.float32) * x[None, :]
+            up_acc += up.to(tl.float32) * x.to(tl.float32)[None, :]
+    if EVEN_K:
+        x = tl.load(X + columns)
+    else:
+        x = tl.load(X + columns, mask=columns < K, other=0.0)
+    acc += first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
     if GATED:
-        up_acc += up_first_tile.to(tl.float32) * x[None, :]
+        up_acc += up_first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
-    if GATED:
-        up_y = tl.sum(up_acc, axis=1)
-    if NORMED:
-        scale = tl.rsqrt(tl.sum(squares, axis=0) / K + norm_eps)
-        y *= scale
-        if GATED:
-            up_y *= scale
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
-    if HAS_RESIDUAL:
-        y += tl.load(Residual + rows, mask=inside_rows, other=0.0).to(tl.float32)
     if GATED:  # rounded once
-        y = y / (1.0 + tl.exp(-y)) * up_y
+        y = y / (1.0 + tl.exp(-y)) * tl.sum(up_acc, axis=1)
     tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=inside_rows)
 
 
 @triton.jit
-def _input(X, Norm, offsets, inside, NORMED: tl.constexpr, EVEN_K: tl.constexpr):
-    """x at `offsets` (`inside` K unless EVEN_K) in float32, times the norm's weight when NORMED, and
-    its squares (zeros when not NORMED)."""
-    if EVEN_K:  # unmasked: the loads stay vector loads
-        x = tl.load(X + offsets).to(tl.float32)
-    else:
-        x = tl.load(X + offsets, mask=inside, other=0.0).to(tl.float32)
-    if not NORMED:
-        return x, tl.zeros_like(x)
-    if EVEN_K:
-        norm = tl.load(Norm + offsets).to(tl.float32)
-    else:
-        norm = tl.load(Norm + offsets, mask=inside, other=0.0).to(tl.float32)
-    return x * norm, x * x
-
-
-@triton.jit
-def _matvec_kernel(X, W, Up, Bias, Norm, Residual, Y, N, stride_wn, stride_un, norm_eps, K: tl.constexpr,
-                   GATED: tl.constexpr, HAS_BIAS: tl.constexpr, NORMED: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
+                   HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                    DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
-    _rows(X, W, Up, Bias, Norm, Residual, Y, N, stride_wn, stride_un, norm_eps, tl.program_id(0), K, GATED, HAS_BIAS,
-          NORMED, HAS_RESIDUAL, BLOCK_N, BLOCK_K, EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+    _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
+          DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 @triton.jit
-def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Norm, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2, norm_eps,
+def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
                      K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
-                     NORMED: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                      DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
-    """Up to three products of one x (normed the same way) in one launch: the programs are the first
-    product's blocks of rows, then the second's, then the third's (N2 0 when there are two)."""
+    """Up to three products of one x in one launch: the programs are the first product's blocks
+    of rows, then the second's, then the third's (N2 0 when there are two)."""
     block = tl.program_id(0)
     first = tl.cdiv(N0, BLOCK_N)
     second = first + tl.cdiv(N1, BLOCK_N)
     if block < first:
-        _rows(X, W0, W0, B0, Norm, W0, Y0, N0, stride0, stride0, norm_eps, block, K, False, HAS_BIAS0, NORMED, False,
-              BLOCK_N, BLOCK_K, EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+        _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     elif block < second:
-        _rows(X, W1, W1, B1, Norm, W1, Y1, N1, stride1, stride1, norm_eps, block - first, K, False, HAS_BIAS1, NORMED,
-              False, BLOCK_N, BLOCK_K, EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+        _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     else:
-        _rows(X, W2, W2, B2, Norm, W2, Y2, N2, stride2, stride2, norm_eps, block - second, K, False, HAS_BIAS2, NORMED,
-              False, BLOCK_N, BLOCK_K, EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+        _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
+              EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
 INTERPRETED = isinstance(_matvec_kernel, InterpretedFunction)
 
 
-def check_inputs(x, weight, bias, up=None, norm_weight=None, residual=None, op="matvec"):
-    """Raises MatvecError naming what the kernel cannot take (`up`: gated_matvec's second weight;
-    `norm_weight`: the RMS norm's scale of x's K inputs; `residual`: what is added to the output)."""
+def check_inputs(x, weight, bias, up=None, op="matvec"):
+    """Raises MatvecError naming what the kernel cannot take (`up`: gated_matvec's second weight)."""
     problems = []
     if not is_one_row(x):
         problems.append(f"x must hold one row ([..., K], one token), not {list(x.shape)}")
@@ -201,14 +161,6 @@ def check_inputs(x, weight, bias, up=None, norm_weight=None, residual=None, op="
         if bias.dim() != 1 or weight.dim() != 2 or bias.shape[0] != weight.shape[0]:
             problems.append(f"bias's shape {list(bias.shape)} is not [N] for weight {list(weight.shape)}")
         problems += _placement_problems("bias", bias, x)
-    if norm_weight is not None:
-        if norm_weight.dim() != 1 or x.dim() == 0 or norm_weight.shape[0] != x.shape[-1]:
-            problems.append(f"norm_weight's shape {list(norm_weight.shape)} is not [K] for x {list(x.shape)}")
-        problems += _placement_problems("norm_weight", norm_weight, x)
-    if residual is not None:
-        if weight.dim() != 2 or x.dim() == 0 or residual.shape != (*x.shape[:-1], weight.shape[0]):
-            problems.append(f"residual's shape {list(residual.shape)} is not the output's")
-        problems += _placement_problems("residual", residual, x)
     if problems:
         raise MatvecError(f"{op}: " + "; ".join(problems))
 
@@ -234,13 +186,13 @@ def _placement_problems(name, tensor, x):
     return problems
 
 
-def check_siblings(x, weights, biases, norm_weight=None):
+def check_siblings(x, weights, biases):
     """Raises MatvecError naming what matvec_siblings cannot take."""
     if not 2 <= len(weights) <= MAX_SIBLINGS or len(biases) != len(weights):
         raise MatvecError(f"matvec_siblings: 2 to {MAX_SIBLINGS} weights with a bias (or None) each, not "
                           f"{len(weights)} weights and {len(biases)} biases")
     for index, (weight, bias) in enumerate(zip(weights, biases)):
-        check_inputs(x, weight, bias, norm_weight=norm_weight, op=f"matvec_siblings: weights[{index}]")
+        check_inputs(x, weight, bias, op=f"matvec_siblings: weights[{index}]")
 
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
@@ -248,29 +200,25 @@ def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
     return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
 
 
-def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, norm_weight=None, norm_eps=0.0,
-           residual=None, constant_weights=False, launcher=lambda kernel: kernel):
-    """Runs the kernel into `out` (N elements, contiguous): x W^T + bias (+ residual, N contiguous
-    elements) or, given `up` (a weight of W's shape), SiLU(x W^T) * (x up^T); given `norm_weight`,
-    x is first RMS-normed: x * rsqrt(mean(x^2) + norm_eps) * norm_weight. `constant_weights`: no
-    kernel of the program writes the weights or the bias (the ops' argument). `launcher` wraps it
-    (`wrap_triton` when traced); //tools/bench:matvec_bench sweeps the launch parameters."""
+def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, constant_weights=False,
+           launcher=lambda kernel: kernel):
+    """Runs the kernel into `out` (N elements, contiguous): x W^T + bias or, given `up` (a weight of
+    W's shape), SiLU(x W^T) * (x up^T). `constant_weights`: no kernel of the program writes the
+    weights or the bias (the ops' argument). `launcher` wraps it (`wrap_triton` when traced);
+    //tools/bench:matvec_bench sweeps the launch parameters."""
     _check_blocks(block_n, block_k)
     outputs, inputs = weight.shape
     launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
-        x, weight, weight if up is None else up, weight if bias is None else bias,
-        weight if norm_weight is None else norm_weight, weight if residual is None else residual, out, outputs,
-        weight.stride(0), weight.stride(0) if up is None else up.stride(0), float(norm_eps), K=inputs,
-        GATED=up is not None, HAS_BIAS=bias is not None, NORMED=norm_weight is not None,
-        HAS_RESIDUAL=residual is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
+        weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
         DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return out
 
 
-def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, norm_weight=None, norm_eps=0.0,
-                    constant_weights=False, launcher=lambda kernel: kernel):
-    """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them,
-    x RMS-normed first given `norm_weight` (as launch does)."""
+def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, constant_weights=False,
+                    launcher=lambda kernel: kernel):
+    """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them."""
     _check_blocks(block_n, block_k)
     slots = [*zip(weights, biases, outs)]
     # A third slot with no rows when there are two: no program reaches it.
@@ -279,10 +227,9 @@ def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, norm_
     inputs = weights[0].shape[1]
     launcher(_siblings_kernel)[(sum(triton.cdiv(n, block_n) for n in rows),)](
         x, *(weight for weight, _, _ in slots), *(weight if bias is None else bias for weight, bias, _ in slots),
-        weights[0] if norm_weight is None else norm_weight, *(out for _, _, out in slots), *rows,
-        *(weight.stride(0) for weight, _, _ in slots), float(norm_eps), K=inputs,
+        *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
         HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
-        NORMED=norm_weight is not None, BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
         DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return outs
 
@@ -299,72 +246,57 @@ def _check_device(device, op="matvec"):
                           f"(TRITON_INTERPRET=1 before it is imported); not on {device}")
 
 
-# The ops' optional norm: given `norm_weight` ([K]), x is first RMS-normed,
-# x * rsqrt(mean(x^2) + norm_eps) * norm_weight, in float32 with no rounding in between.
-
-
-def _contiguous(tensor):
-    return None if tensor is None else tensor.contiguous()
-
-
 @triton_op("zerokv::matvec", mutates_args=())
 def matvec(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-           constant_weights: bool = False, norm_weight: torch.Tensor | None = None, norm_eps: float = 0.0,
-           residual: torch.Tensor | None = None) -> torch.Tensor:
-    """x W^T + bias (+ `residual`, of the output's shape). `constant_weights`: the weight and bias are
-    constants of the program, which none of its kernels writes (zerokv.kernels.constant_weights marks
-    the calls where they are)."""
-    check_inputs(x, weight, bias, norm_weight=norm_weight, residual=residual)
+           constant_weights: bool = False) -> torch.Tensor:
+    """`constant_weights`: the weight and bias are constants of the program, which none of its
+    kernels writes (zerokv.kernels.constant_weights marks the calls where they are)."""
+    check_inputs(x, weight, bias)
     _check_device(x.device)
     out = x.new_empty((*x.shape[:-1], weight.shape[0]))
-    return launch(x.contiguous(), weight, _contiguous(bias), out, *config_for(*weight.shape),
-                  norm_weight=_contiguous(norm_weight), norm_eps=norm_eps, residual=_contiguous(residual),
-                  constant_weights=constant_weights, launcher=wrap_triton)
+    return launch(x.contiguous(), weight, None if bias is None else bias.contiguous(), out,
+                  *config_for(*weight.shape), constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @matvec.register_fake
-def _(x, weight, bias=None, constant_weights=False, norm_weight=None, norm_eps=0.0, residual=None):
-    check_inputs(x, weight, bias, norm_weight=norm_weight, residual=residual)
+def _(x, weight, bias=None, constant_weights=False):
+    check_inputs(x, weight, bias)
     return x.new_empty((*x.shape[:-1], weight.shape[0]))
 
 
 @triton_op("zerokv::gated_matvec", mutates_args=())
 def gated_matvec(x: torch.Tensor, gate_weight: torch.Tensor, up_weight: torch.Tensor,
-                 constant_weights: bool = False, norm_weight: torch.Tensor | None = None,
-                 norm_eps: float = 0.0) -> torch.Tensor:
+                 constant_weights: bool = False) -> torch.Tensor:
     """SiLU(x gate_weight^T) * (x up_weight^T) for one row: a gated MLP's gate and up projections in
     one pass over both weights, and its activation, with no intermediate in memory."""
-    check_inputs(x, gate_weight, None, up_weight, norm_weight=norm_weight, op="gated_matvec")
+    check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
     _check_device(x.device, op="gated_matvec")
     out = x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
     return launch(x.contiguous(), gate_weight, None, out, *config_for(*gate_weight.shape), up=up_weight,
-                  norm_weight=_contiguous(norm_weight), norm_eps=norm_eps, constant_weights=constant_weights,
-                  launcher=wrap_triton)
+                  constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @gated_matvec.register_fake
-def _(x, gate_weight, up_weight, constant_weights=False, norm_weight=None, norm_eps=0.0):
-    check_inputs(x, gate_weight, None, up_weight, norm_weight=norm_weight, op="gated_matvec")
+def _(x, gate_weight, up_weight, constant_weights=False):
+    check_inputs(x, gate_weight, None, up_weight, op="gated_matvec")
     return x.new_empty((*x.shape[:-1], gate_weight.shape[0]))
 
 
 @triton_op("zerokv::matvec_siblings", mutates_args=())
 def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]],
-                    constant_weights: bool = False, norm_weight: torch.Tensor | None = None,
-                    norm_eps: float = 0.0) -> list[torch.Tensor]:
+                    constant_weights: bool = False) -> list[torch.Tensor]:
     """[x weights[i]^T + biases[i]] for 2 or 3 weights that read the same one-row x: what as many
     matvec calls return, in one launch (zerokv.kernels.sibling_matvecs groups them in a graph)."""
-    check_siblings(x, weights, biases, norm_weight)
+    check_siblings(x, weights, biases)
     _check_device(x.device, op="matvec_siblings")
     outs = [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
     block_n = min(config_for(weight.shape[0], weight.shape[1])[0] for weight in weights)
     _, block_k, num_warps = config_for(*weights[0].shape)
-    return launch_siblings(x.contiguous(), weights, [_contiguous(bias) for bias in biases], outs, block_n, block_k,
-                           num_warps, norm_weight=_contiguous(norm_weight), norm_eps=norm_eps,
-                           constant_weights=constant_weights, launcher=wrap_triton)
+    return launch_siblings(x.contiguous(), weights, [None if bias is None else bias.contiguous() for bias in biases],
+                           outs, block_n, block_k, num_warps, constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @matvec_siblings.register_fake
-def _(x, weights, biases, constant_weights=False, norm_weight=None, norm_eps=0.0):
-    check_siblings(x, weights, biases, norm_weight)
+def _(x, weights, biases, constant_weights=False):
+    check_siblings(x, weights, biases)
     return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]

@@ -118,74 +118,6 @@ def test_a_weight_of_one_column_takes_any_stride():
     torch.testing.assert_close(torch.ops.zerokv.matvec(x, weight, None), _reference(x, weight, None))
 
 
-
-def _rms_normed(x, norm_weight, eps):
-    x = x.float()
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * norm_weight.float()
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_normed_is_the_rms_norm_then_the_product(case):
-    outputs, inputs, with_bias, dtype, leading = CASES[case]
-    torch.manual_seed(0)
-    weight = torch.randn(outputs, inputs, dtype=dtype, device=DEVICE) / inputs ** 0.5
-    bias = torch.randn(outputs, dtype=dtype, device=DEVICE) if with_bias else None
-    norm_weight = 1 + torch.rand(inputs, dtype=dtype, device=DEVICE)
-    x = 3 * torch.randn(*leading, inputs, dtype=dtype, device=DEVICE)  # far from unit RMS: the scale shows
-    got = torch.ops.zerokv.matvec(x, weight, bias, norm_weight=norm_weight, norm_eps=1e-5)
-    tolerance = 1e-4 if dtype == torch.float32 else 2e-2
-    torch.testing.assert_close(got.float(), _reference(_rms_normed(x, norm_weight, 1e-5), weight, bias),
-                               rtol=tolerance, atol=tolerance)
-
-
-def test_normed_adds_eps_to_the_mean_square():
-    weight, norm_weight = torch.ones(2, 64, device=DEVICE), torch.ones(64, device=DEVICE)
-    x = torch.full((64,), 1e-3, device=DEVICE)
-    got = torch.ops.zerokv.matvec(x, weight, None, norm_weight=norm_weight, norm_eps=1.0)
-    torch.testing.assert_close(got, _reference(_rms_normed(x, norm_weight, 1.0), weight, None))
-
-
-@pytest.mark.parametrize("outputs, inputs", [(64, 256), (37, 100)])
-def test_normed_gated_scales_gate_and_up(outputs, inputs):
-    torch.manual_seed(0)
-    gate, up = (torch.randn(outputs, inputs, dtype=torch.float16, device=DEVICE) / inputs ** 0.5 for _ in "gu")
-    norm_weight = 1 + torch.rand(inputs, dtype=torch.float16, device=DEVICE)
-    x = 3 * torch.randn(1, 1, inputs, dtype=torch.float16, device=DEVICE)
-    normed = _rms_normed(x, norm_weight, 1e-6)
-    want = torch.nn.functional.silu(_reference(normed, gate, None)) * _reference(normed, up, None)
-    got = torch.ops.zerokv.gated_matvec(x, gate, up, norm_weight=norm_weight, norm_eps=1e-6)
-    torch.testing.assert_close(got.float(), want, rtol=2e-2, atol=2e-2)
-
-
-@pytest.mark.parametrize("case", CASES)
-def test_residual_is_added_to_the_product(case):
-    outputs, inputs, with_bias, dtype, leading = CASES[case]
-    torch.manual_seed(0)
-    weight = torch.randn(outputs, inputs, dtype=dtype, device=DEVICE) / inputs ** 0.5
-    bias = torch.randn(outputs, dtype=dtype, device=DEVICE) if with_bias else None
-    x = torch.randn(*leading, inputs, dtype=dtype, device=DEVICE)
-    residual = 10 * torch.randn(*leading, outputs, dtype=dtype, device=DEVICE)
-    got = torch.ops.zerokv.matvec(x, weight, bias, residual=residual)
-    tolerance = 1e-4 if dtype == torch.float32 else 5e-2
-    torch.testing.assert_close(got.float(), _reference(x, weight, bias) + residual.float(),
-                               rtol=tolerance, atol=tolerance)
-
-
-OPTIONAL_REFUSALS = {
-    "norm_weight's length": (dict(norm_weight=torch.ones(6)), r"matvec: norm_weight's shape \[6\] is not \[K\]"),
-    "norm_weight's dtype": (dict(norm_weight=torch.ones(8, dtype=torch.float16)),
-                            r"norm_weight is torch.float16, x torch.float32"),
-    "residual's shape": (dict(residual=torch.ones(1, 5)), r"residual's shape \[1, 5\] is not the output's"),
-    "residual's device": (dict(residual=torch.ones(1, 4, device="meta")), r"residual is on meta, x on cpu"),
-}
-
-
-@pytest.mark.parametrize("case", OPTIONAL_REFUSALS)
-def test_refuses_a_norm_or_residual_by_name(case):
-    kwargs, message = OPTIONAL_REFUSALS[case]
-    with pytest.raises(MatvecError, match=message):
-        torch.ops.zerokv.matvec(torch.zeros(1, 8), torch.zeros(4, 8), None, **kwargs)
-
 # (rows of each weight, which have a bias, x's inputs)
 SIBLINGS = {
     "query, key and value": ([64, 16, 16], [False, False, False], 256),
@@ -206,10 +138,6 @@ def test_siblings_are_what_matvec_computes_alone(case):
     assert len(got) == len(weights)
     for product, weight, bias in zip(got, weights, biases):
         assert torch.equal(product, torch.ops.zerokv.matvec(x, weight, bias))
-    norm_weight = 1 + torch.rand(inputs, dtype=torch.float16, device=DEVICE)
-    normed = torch.ops.zerokv.matvec_siblings(x, weights, biases, norm_weight=norm_weight, norm_eps=1e-5)
-    for product, weight, bias in zip(normed, weights, biases):
-        assert torch.equal(product, torch.ops.zerokv.matvec(x, weight, bias, norm_weight=norm_weight, norm_eps=1e-5))
 
 
 SIBLING_REFUSALS = {
