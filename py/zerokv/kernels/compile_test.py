@@ -101,13 +101,23 @@ def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases, pref
     assert ".entry _siblings_kernel" in compiled.asm["ptx"]
 
 
-def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True, prefetch=False):
+def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True, prefetch=False, shares=None):
+    """`shares`: the prefetch shares as constants, as torch 2.11's analysis of a user kernel (the GPU
+    machine's Inductor) compiles a kernel's integer arguments."""
     types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2", "P0", "P1", "P2")}
     block_n, block_k, num_warps = mv.config_for(512, 2048)
     return _compile(mv._siblings_kernel, {**types, "int": integers},
                     {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
                      "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
-                     "CONSTANT_WEIGHTS": constant_weights, "PREFETCH": prefetch}, num_warps)
+                     "CONSTANT_WEIGHTS": constant_weights, "PREFETCH": prefetch,
+                     **{f"share{i}": share for i, share in enumerate(shares or ())}}, num_warps)
+
+
+def test_the_siblings_kernel_compiles_with_its_prefetch_shares_as_constants():
+    """On the H200, Inductor's analysis of the kernel failed on a share given as a Python integer, and
+    took every argument for written: AOTInductor copied the weights before each launch."""
+    compiled = _siblings("bf16", "i32", (False,) * 3, True, prefetch=True, shares=(5456, 0, 16))
+    assert "cp.async.bulk.prefetch.L2.global" in compiled.asm["ptx"]
 
 
 def test_the_siblings_prefetch_is_issued_once_its_rows_are_computed():

@@ -29,6 +29,8 @@ MAX_SHARE = 1 << 30
 @triton.jit
 def prefetch_to_l2(Tensor, share, after):
     start = Tensor.to(tl.int64, bitcast=True) + tl.program_id(0).to(tl.int64) * share
-    zero = tl.inline_asm_elementwise(_BULK_PREFETCH, "=r,l,r,f", [start, share.to(tl.int32), after],
-                                     dtype=tl.int32, is_pure=True, pack=1)
+    # `share` may arrive as a Python integer (torch 2.11's analysis of the kernel compiles it so).
+    size = tl.zeros([], tl.int32) + share
+    zero = tl.inline_asm_elementwise(_BULK_PREFETCH, "=r,l,r,f", [start, size, after], dtype=tl.int32, is_pure=True,
+                                     pack=1)
     return zero.to(tl.float32)
