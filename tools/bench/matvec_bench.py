@@ -124,7 +124,7 @@ def _siblings():
     outs = []
 
     def siblings_step():
-        outs[:] = [torch.ops.zerokv.matvec_siblings(x, layer, [None] * 3, [], []) for layer in weights][-1]
+        outs[:] = [torch.ops.zerokv.matvec_siblings(x, layer, [None] * 3) for layer in weights][-1]
 
     def separate_step():
         outs[:] = [[torch.ops.zerokv.matvec(x, weight, None) for weight in layer] for layer in weights][-1]

@@ -28,9 +28,7 @@ package, the blob or a temporary file.
 
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
 value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
-(zerokv.kernels.sibling_matvecs): the same values, in fewer launches. That launch prefetches into
-L2 the weights of the layer's next products, which then stream while attention runs
-(zerokv.kernels.weight_prefetch).
+(zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
 
 Early launch. A CUDA package compiled on sm_90 or later names, in zerokv.dependent_launch_kernels,
 the kernels that wait for the kernel before them (zerokv.kernels.dependent_launch): zerokv's, and
@@ -66,7 +64,6 @@ from zerokv.errors import ZeroKVError
 from zerokv.kernels import dependent_launch
 from zerokv.kernels.constant_weights import mark_constant_weights
 from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
-from zerokv.kernels.weight_prefetch import prefetch_next_weights
 
 
 class AotiCompileError(ZeroKVError, ValueError):
@@ -141,8 +138,7 @@ def compile_aoti(
                                 dependent_launch.early_kernels(torch_device, {}))
     args, kwargs = program.example_inputs
     module = program.module(check_guards=False)
-    if (group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph)
-            + prefetch_next_weights(module.graph, module)):
+    if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
     with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:

@@ -95,45 +95,18 @@ def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_wei
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("integers", ["i32", "i64"])
 @pytest.mark.parametrize("biases", [(False, False, False), (True, True, True), (True, False, True)])
-@pytest.mark.parametrize("prefetch", [False, True])
-def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases, prefetch):
-    compiled = _siblings(dtype, integers, biases, dependent_launch=True, prefetch=prefetch)
+def test_the_siblings_kernel_compiles_for_the_h200(dtype, integers, biases):
+    compiled = _siblings(dtype, integers, biases, dependent_launch=True)
     assert ".entry _siblings_kernel" in compiled.asm["ptx"]
 
 
-def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True, prefetch=False, shares=None):
-    """`shares`: the prefetch shares as constants, as torch 2.11's analysis of a user kernel (the GPU
-    machine's Inductor) compiles a kernel's integer arguments."""
-    types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2", "P0", "P1", "P2")}
+def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True):
+    types = {name: f"*{dtype}" for name in ("X", "W0", "W1", "W2", "B0", "B1", "B2", "Y0", "Y1", "Y2")}
     block_n, block_k, num_warps = mv.config_for(512, 2048)
     return _compile(mv._siblings_kernel, {**types, "int": integers},
                     {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
                      "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
-                     "CONSTANT_WEIGHTS": constant_weights, "PREFETCH": prefetch,
-                     **{f"share{i}": share for i, share in enumerate(shares or ())}}, num_warps)
-
-
-def test_the_siblings_kernel_compiles_with_its_prefetch_shares_as_constants():
-    """On the H200, Inductor's analysis of the kernel failed on a share given as a Python integer, and
-    took every argument for written: AOTInductor copied the weights before each launch."""
-    compiled = _siblings("bf16", "i32", (False,) * 3, True, prefetch=True, shares=(5456, 0, 16))
-    assert "cp.async.bulk.prefetch.L2.global" in compiled.asm["ptx"]
-
-
-def test_the_siblings_prefetch_is_issued_once_its_rows_are_computed():
-    """Bulk prefetches into L2 of the three tensors, by one thread, in each product's code after its
-    loads of the weights and right before its store: the prefetches stream after the program's own
-    weights, not in their way."""
-    lines = [line.strip() for line in _siblings("bf16", "i32", (False,) * 3, True, prefetch=True).asm["ptx"].splitlines()]
-    accesses = [index for index, line in enumerate(lines) if line.startswith(("ld.global", "st.global", "@"))
-                and ("ld.global" in line or "st.global" in line)]
-    prefetches = [index for index, line in enumerate(lines) if "cp.async.bulk.prefetch.L2.global" in line]
-    assert prefetches and len(prefetches) % 3 == 0 and all("@issue" in lines[index] for index in prefetches)
-    for index in prefetches:
-        before = [line for line in (lines[i] for i in accesses if i < index)]
-        after = [lines[i] for i in accesses if i > index]
-        assert any("evict_first" in line for line in before) and "st.global" in after[0]
-    assert "cp.async.bulk.prefetch" not in _siblings("bf16", "i32", (False,) * 3, True).asm["ptx"]
+                     "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
 def _accesses(ptx):
@@ -266,12 +239,10 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
     assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Y=y, N=8192, stride_wn=2048, stride_un=2048,
                    K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
                    CONSTANT_WEIGHTS=constant_weights) == ["Y"]
-    for prefetch in (False, True):  # the prefetched weights are not written either
-        assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y,
-                       Y2=y, N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, P0=weight, P1=weight,
-                       P2=weight, share0=4096, share1=4096, share2=4096, K=2048, HAS_BIAS0=False, HAS_BIAS1=False,
-                       HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True, CONSTANT_WEIGHTS=constant_weights,
-                       PREFETCH=prefetch) == ["Y0", "Y1", "Y2"]
+    assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y, Y2=y,
+                   N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, K=2048, HAS_BIAS0=False,
+                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
+                   CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
     assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
@@ -327,4 +298,4 @@ def test_without_the_interpreter_cpu_tensors_are_refused_by_name():
     with pytest.raises(mv.MatvecError, match="matvec: the kernel runs on CUDA devices, .* not on cpu"):
         torch.ops.zerokv.matvec(torch.zeros(8), torch.zeros(4, 8), None)
     with pytest.raises(mv.MatvecError, match="matvec_siblings: the kernel runs on CUDA devices, .* not on cpu"):
-        torch.ops.zerokv.matvec_siblings(torch.zeros(8), [torch.zeros(4, 8)] * 2, [None] * 2, [], [])
+        torch.ops.zerokv.matvec_siblings(torch.zeros(8), [torch.zeros(4, 8)] * 2, [None] * 2)

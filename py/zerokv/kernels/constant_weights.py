@@ -35,7 +35,7 @@ def mark_constant_weights(graph: torch.fx.Graph) -> list[str]:
     for node in graph.nodes:
         if node.op != "call_function" or op_name(node.target) not in WEIGHTS:
             continue
-        operands = operands_by_name(node)
+        operands = _operands(node)
         weights = []
         for name in WEIGHTS[op_name(node.target)]:
             value = operands.get(name)
@@ -46,7 +46,7 @@ def mark_constant_weights(graph: torch.fx.Graph) -> list[str]:
     return marked
 
 
-def operands_by_name(call):
+def _operands(call):
     """A call's operands by their names in the op's schema, each positional or by keyword."""
     target = call.target.default if isinstance(call.target, torch._ops.OpOverloadPacket) else call.target
     names = [argument.name for argument in target._schema.arguments]

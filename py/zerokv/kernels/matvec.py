@@ -4,7 +4,7 @@
 token), `weight` [N, K] as nn.Linear stores it, and an optional `bias` [N]; it returns [..., N] in
 x's dtype, accumulated in float32. Two more ops read one x in one launch:
 `gated_matvec(x, gate_weight, up_weight)` returns SiLU(x gate^T) * (x up^T), a gated MLP's input to
-its down projection, and `matvec_siblings(x, weights, biases, prefetch, prefetch_bytes)` returns 2 or 3 products (an
+its down projection, and `matvec_siblings(x, weights, biases)` returns 2 or 3 products (an
 attention's query, key and value; zerokv.kernels.sibling_matvecs groups them in a graph). They are
 `torch.library.triton_op`s, so AOTInductor compiles their kernels into the engine like its own.
 On sm_90 and later they wait for the kernel before them (zerokv.kernels.dependent_launch) before
@@ -38,8 +38,7 @@ from triton.runtime.interpreter import InterpretedFunction
 
 from zerokv.kernels import dependent_launch
 from zerokv.kernels.grid_dependency import wait_for_the_kernel_before
-from zerokv.kernels.l2_prefetch import MAX_SHARE, prefetch_to_l2
-from zerokv.kernels.matvec_contract import DTYPES, MAX_PREFETCHES, MAX_SIBLINGS, MatvecError, is_one_row
+from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is_one_row
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
 # shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
@@ -51,12 +50,10 @@ NUM_WARPS = 4
 
 
 @triton.jit
-def _rows(X, W, Up, Bias, N, stride_wn, stride_un, rows, K: tl.constexpr, GATED: tl.constexpr,
+def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
           HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
           DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
-    """`rows` (a block of them) of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T), in float32. The
-    caller stores them: an address made from what a called function returns is taken by Inductor's
-    analysis for a write to every argument of the call."""
+    """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
     # What the kernel before may have written is read after the wait for it
     # (zerokv.kernels.dependent_launch): x, and the weights unless they are the program's constants.
     if DEPENDENT_LAUNCH and not CONSTANT_WEIGHTS:
@@ -65,6 +62,7 @@ def _rows(X, W, Up, Bias, N, stride_wn, stride_un, rows, K: tl.constexpr, GATED:
         W += after_the_wait
         Up += after_the_wait
         Bias += after_the_wait
+    rows = block * BLOCK_N + tl.arange(0, BLOCK_N)
     inside_rows = rows < N
     columns = tl.arange(0, BLOCK_K)
     # In 64 bits: an output head of 2**31 elements or more (a vocabulary of 262144 over a hidden
@@ -110,58 +108,36 @@ def _rows(X, W, Up, Bias, N, stride_wn, stride_un, rows, K: tl.constexpr, GATED:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
     if GATED:  # rounded once
         y = y / (1.0 + tl.exp(-y)) * tl.sum(up_acc, axis=1)
-    return y
+    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=inside_rows)
 
 
 @triton.jit
 def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                    DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
-    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    y = _rows(X, W, Up, Bias, N, stride_wn, stride_un, rows, K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
-              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rows < N)
+    _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
+          DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 @triton.jit
-def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2, P0, P1, P2,
-                     share0, share1, share2, K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr,
-                     HAS_BIAS2: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                     DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr, PREFETCH: tl.constexpr):
+def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
+                     K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
+                     DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     """Up to three products of one x in one launch: the programs are the first product's blocks
-    of rows, then the second's, then the third's (N2 0 when there are two). PREFETCH: once its rows
-    are computed, program i starts bytes [i * share, (i + 1) * share) of P0, P1 and P2 on their way
-    into L2 (zerokv.kernels.weight_prefetch)."""
+    of rows, then the second's, then the third's (N2 0 when there are two)."""
     block = tl.program_id(0)
     first = tl.cdiv(N0, BLOCK_N)
     second = first + tl.cdiv(N1, BLOCK_N)
     if block < first:
-        rows0 = block * BLOCK_N + tl.arange(0, BLOCK_N)
-        y0 = _rows(X, W0, W0, B0, N0, stride0, stride0, rows0, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
-                   DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
-        _store_prefetching(Y0, y0, rows0, N0, P0, P1, P2, share0, share1, share2, PREFETCH)
+        _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     elif block < second:
-        rows1 = (block - first) * BLOCK_N + tl.arange(0, BLOCK_N)
-        y1 = _rows(X, W1, W1, B1, N1, stride1, stride1, rows1, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
-                   DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
-        _store_prefetching(Y1, y1, rows1, N1, P0, P1, P2, share0, share1, share2, PREFETCH)
+        _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     else:
-        rows2 = (block - second) * BLOCK_N + tl.arange(0, BLOCK_N)
-        y2 = _rows(X, W2, W2, B2, N2, stride2, stride2, rows2, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K, EVEN_K,
-                   DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
-        _store_prefetching(Y2, y2, rows2, N2, P0, P1, P2, share0, share1, share2, PREFETCH)
-
-
-@triton.jit
-def _store_prefetching(Y, y, rows, N, P0, P1, P2, share0, share1, share2, PREFETCH: tl.constexpr):
-    """Stores y's rows, and with PREFETCH first issues the program's prefetches of P0..P2. They are
-    issued after y is computed (the value stored depends on them, and they on y), so that they
-    stream after the program's own weights; added to the value, not to an address, which Inductor
-    would take for a write to P0..P2."""
-    if PREFETCH:
-        done = tl.sum(y, axis=0)
-        y += prefetch_to_l2(P0, share0, done) + prefetch_to_l2(P1, share1, done) + prefetch_to_l2(P2, share2, done)
-    tl.store(Y + rows, y.to(Y.dtype.element_ty), mask=rows < N)
+        _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
+              EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
@@ -210,24 +186,13 @@ def _placement_problems(name, tensor, x):
     return problems
 
 
-def check_siblings(x, weights, biases, prefetch=(), prefetch_bytes=()):
+def check_siblings(x, weights, biases):
     """Raises MatvecError naming what matvec_siblings cannot take."""
     if not 2 <= len(weights) <= MAX_SIBLINGS or len(biases) != len(weights):
         raise MatvecError(f"matvec_siblings: 2 to {MAX_SIBLINGS} weights with a bias (or None) each, not "
                           f"{len(weights)} weights and {len(biases)} biases")
     for index, (weight, bias) in enumerate(zip(weights, biases)):
         check_inputs(x, weight, bias, op=f"matvec_siblings: weights[{index}]")
-    if len(prefetch) > MAX_PREFETCHES or len(prefetch_bytes) != len(prefetch):
-        raise MatvecError(f"matvec_siblings: up to {MAX_PREFETCHES} tensors to prefetch with a byte count each, not "
-                          f"{len(prefetch)} tensors and {len(prefetch_bytes)} counts")
-    for index, (tensor, nbytes) in enumerate(zip(prefetch, prefetch_bytes)):
-        problems = [] if tensor.device == x.device else [f"is on {tensor.device}, x on {x.device}"]
-        if not tensor.is_contiguous():
-            problems.append("is not contiguous")
-        if not 0 <= nbytes <= tensor.numel() * tensor.element_size():
-            problems.append(f"has {tensor.numel() * tensor.element_size()} bytes, not the {nbytes} to prefetch")
-        if problems:
-            raise MatvecError(f"matvec_siblings: prefetch[{index}] " + "; ".join(problems))
 
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
@@ -251,31 +216,21 @@ def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, constant_
     return out
 
 
-def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, constant_weights=False, prefetch=(),
-                    prefetch_bytes=(), launcher=lambda kernel: kernel):
-    """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them,
-    and, on sm_90 and later, starts the first prefetch_bytes[j] bytes of each prefetch[j] (up to
-    MAX_PREFETCHES contiguous tensors) on their way into L2, spread over its programs."""
+def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, constant_weights=False,
+                    launcher=lambda kernel: kernel):
+    """Runs the siblings kernel: outs[i] (contiguous) = x weights[i]^T + biases[i], 2 or 3 of them."""
     _check_blocks(block_n, block_k)
     slots = [*zip(weights, biases, outs)]
     # A third slot with no rows when there are two: no program reaches it.
     slots += [(weights[-1], biases[-1], outs[-1])] * (MAX_SIBLINGS - len(slots))
     rows = [weight.shape[0] for weight, _, _ in slots[:len(weights)]] + [0] * (MAX_SIBLINGS - len(weights))
     inputs = weights[0].shape[1]
-    programs = sum(triton.cdiv(n, block_n) for n in rows)
-    # Each program's share, a multiple of 16 bytes (the bulk prefetch's unit); the last few bytes of
-    # a tensor may go unfetched. No prefetch where the instruction does not exist.
-    shares = [min(nbytes // programs // 16 * 16, MAX_SHARE) if dependent_launch.supported(x.device) else 0
-              for nbytes in prefetch_bytes]
-    targets = [*zip(prefetch, shares)] + [(weights[0], 0)] * (MAX_PREFETCHES - len(prefetch))
-    launcher(_siblings_kernel)[(programs,)](
+    launcher(_siblings_kernel)[(sum(triton.cdiv(n, block_n) for n in rows),)](
         x, *(weight for weight, _, _ in slots), *(weight if bias is None else bias for weight, bias, _ in slots),
-        *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots),
-        *(tensor for tensor, _ in targets), *(share for _, share in targets), K=inputs,
+        *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
         HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
         BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
-        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights,
-        PREFETCH=any(share for _, share in targets), num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return outs
 
 
@@ -329,24 +284,19 @@ def _(x, gate_weight, up_weight, constant_weights=False):
 
 @triton_op("zerokv::matvec_siblings", mutates_args=())
 def matvec_siblings(x: torch.Tensor, weights: list[torch.Tensor], biases: list[Optional[torch.Tensor]],
-                    prefetch: list[torch.Tensor], prefetch_bytes: list[int],
                     constant_weights: bool = False) -> list[torch.Tensor]:
     """[x weights[i]^T + biases[i]] for 2 or 3 weights that read the same one-row x: what as many
-    matvec calls return, in one launch (zerokv.kernels.sibling_matvecs groups them in a graph).
-    `prefetch`, `prefetch_bytes`: up to MAX_PREFETCHES tensors (none: []) whose first bytes it starts
-    on their way into L2 once its products are computed, the weights of the products after it
-    (zerokv.kernels.weight_prefetch). (A list of tensors cannot be optional in a triton_op's schema.)"""
-    check_siblings(x, weights, biases, prefetch, prefetch_bytes)
+    matvec calls return, in one launch (zerokv.kernels.sibling_matvecs groups them in a graph)."""
+    check_siblings(x, weights, biases)
     _check_device(x.device, op="matvec_siblings")
     outs = [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]
     block_n = min(config_for(weight.shape[0], weight.shape[1])[0] for weight in weights)
     _, block_k, num_warps = config_for(*weights[0].shape)
     return launch_siblings(x.contiguous(), weights, [None if bias is None else bias.contiguous() for bias in biases],
-                           outs, block_n, block_k, num_warps, constant_weights=constant_weights,
-                           prefetch=prefetch, prefetch_bytes=prefetch_bytes, launcher=wrap_triton)
+                           outs, block_n, block_k, num_warps, constant_weights=constant_weights, launcher=wrap_triton)
 
 
 @matvec_siblings.register_fake
-def _(x, weights, biases, prefetch, prefetch_bytes, constant_weights=False):
-    check_siblings(x, weights, biases, prefetch, prefetch_bytes)
+def _(x, weights, biases, constant_weights=False):
+    check_siblings(x, weights, biases)
     return [x.new_empty((*x.shape[:-1], weight.shape[0])) for weight in weights]

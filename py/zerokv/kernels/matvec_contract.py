@@ -10,9 +10,6 @@ from zerokv.errors import ZeroKVError
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # Products one zerokv::matvec_siblings launch computes: a decoder's query, key and value.
 MAX_SIBLINGS = 3
-# Tensors one zerokv::matvec_siblings launch prefetches into L2: the weights of the products after it
-# (zerokv.kernels.weight_prefetch).
-MAX_PREFETCHES = 3
 
 
 class MatvecError(ZeroKVError, ValueError):

@@ -134,14 +134,10 @@ def test_siblings_are_what_matvec_computes_alone(case):
     x = torch.randn(1, 1, inputs, dtype=torch.float16, device=DEVICE)
     weights = [torch.randn(n, inputs, dtype=torch.float16, device=DEVICE) / inputs ** 0.5 for n in rows]
     biases = [torch.randn(n, dtype=torch.float16, device=DEVICE) if b else None for n, b in zip(rows, biased)]
-    got = torch.ops.zerokv.matvec_siblings(x, weights, biases, [], [])
+    got = torch.ops.zerokv.matvec_siblings(x, weights, biases)
     assert len(got) == len(weights)
     for product, weight, bias in zip(got, weights, biases):
         assert torch.equal(product, torch.ops.zerokv.matvec(x, weight, bias))
-    # Prefetching into L2 (issued on sm_90 and later) changes no value.
-    later = [torch.randn(1000, inputs, dtype=torch.float16, device=DEVICE) for _ in range(3)]
-    prefetching = torch.ops.zerokv.matvec_siblings(x, weights, biases, later, [2000 * inputs, 4096, 0])
-    assert all(torch.equal(a, b) for a, b in zip(prefetching, got))
 
 
 SIBLING_REFUSALS = {
@@ -154,28 +150,11 @@ SIBLING_REFUSALS = {
 }
 
 
-PREFETCH_REFUSALS = {
-    "counts": (lambda: ([torch.zeros(4)], []), r"matvec_siblings: up to 3 tensors to prefetch with a byte count each, "
-               r"not 1 tensors and 0 counts"),
-    "four tensors": (lambda: ([torch.zeros(4)] * 4, [0] * 4), r"not 4 tensors and 4 counts"),
-    "bytes": (lambda: ([torch.zeros(4)], [17]), r"prefetch\[0\] has 16 bytes, not the 17 to prefetch"),
-    "strided": (lambda: ([torch.zeros(4, 4).T], [16]), r"prefetch\[0\] is not contiguous"),
-    "device": (lambda: ([torch.zeros(4, device="meta")], [16]), r"prefetch\[0\] is on meta, x on cpu"),
-}
-
-
-@pytest.mark.parametrize("case", PREFETCH_REFUSALS)
-def test_siblings_refuse_a_prefetch_by_name(case):
-    with pytest.raises(MatvecError, match=PREFETCH_REFUSALS[case][1]):
-        torch.ops.zerokv.matvec_siblings(torch.zeros(1, 8), [torch.zeros(4, 8)] * 2, [None] * 2,
-                                         *PREFETCH_REFUSALS[case][0]())
-
-
 @pytest.mark.parametrize("case", SIBLING_REFUSALS)
 def test_siblings_refuse_by_name(case):
     count, make, message = SIBLING_REFUSALS[case]
     with pytest.raises(MatvecError, match=message):
-        torch.ops.zerokv.matvec_siblings(torch.zeros(1, 8), *make([torch.zeros(4, 8) for _ in range(count)]), [], [])
+        torch.ops.zerokv.matvec_siblings(torch.zeros(1, 8), *make([torch.zeros(4, 8) for _ in range(count)]))
 
 
 def test_launch_refuses_a_block_that_is_not_a_power_of_two():

@@ -69,7 +69,7 @@ def _replace(graph, x, group):
     operands = [_operands(call) for call in group]
     with graph.inserting_before(group[0]):
         launch = graph.call_function(torch.ops.zerokv.matvec_siblings.default,
-                                     (x, [weight for _, weight, _ in operands], [bias for _, _, bias in operands], [], []))
+                                     (x, [weight for _, weight, _ in operands], [bias for _, _, bias in operands]))
     if all("val" in call.meta for call in group):
         launch.meta["val"] = [call.meta["val"] for call in group]
     for index, call in enumerate(group):

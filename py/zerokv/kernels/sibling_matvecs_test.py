@@ -86,7 +86,7 @@ def test_operands_by_keyword_are_read():
     names = [first.name, second.name]
     assert group_sibling_matvecs(graph) == [names]
     launch = next(node for node in graph.nodes if node.target == torch.ops.zerokv.matvec_siblings.default)
-    assert launch.args == (x, [query, key], [None, None], [], [])
+    assert launch.args == (x, [query, key], [None, None])
 
 
 def test_executorchs_edge_ops_are_grouped():
