@@ -57,7 +57,7 @@ from torch.export.passes import move_to_device_pass  # torch 2.11 does not impor
 from torch.export.pt2_archive._package_weights import Weights
 
 from zerokv import blob
-from zerokv.aoti.inductor_kernels import kernel_sources_recorded
+from zerokv.aoti.inductor_kernels import kernel_analysis_failures, kernel_sources_recorded
 from zerokv.aoti.int_array_declarations import declarations_where_used
 from zerokv.blob.torch_dtypes import BLOB_DTYPES
 from zerokv.errors import ZeroKVError
@@ -141,7 +141,8 @@ def compile_aoti(
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
-    with declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources:
+    with (declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources,
+          kernel_analysis_failures() as unanalyzed):
         files = torch._inductor.aot_compile(
             module,
             args,
@@ -157,6 +158,10 @@ def compile_aoti(
                 "triton.enable_pdl": dependent_launch.supported(torch_device),
             },
         )
+    if unanalyzed:
+        raise AotiCompileError(f"Inductor could not tell which arguments a Triton kernel writes ({unanalyzed[0]}), "
+                               "so AOTInductor would copy every argument of it, the weights included, before each "
+                               "launch; change the kernel so that Triton compiles it for that analysis")
     metadata[EARLY_KERNELS_KEY] = ",".join(dependent_launch.early_kernels(torch_device, inductor_sources))
     build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
     for weights in (f for f in files if isinstance(f, Weights)):

@@ -16,14 +16,13 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("the compiler, not the interpreter, is under test", allow_module_level=True)
 
 import triton  # noqa: E402  (the venv pins it)
-from triton.backends.compiler import GPUTarget  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from zerokv.kernels import dependent_launch  # noqa: E402
 from zerokv.kernels import flash_decode as fd  # noqa: E402
 from zerokv.kernels import matvec as mv  # noqa: E402
+from zerokv.kernels.kernel_test_device import H200, an_h200_for_triton  # noqa: E402
 
-H200 = GPUTarget("cuda", 90, 32)
 LLAMA_1B = {"SPLITS": 64, "GROUP": 4, "BLOCK_G": 16, "HEAD_DIM": 64}
 
 
@@ -210,17 +209,8 @@ def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
 
 @pytest.fixture
 def _an_h200_for_triton():
-    """Triton's active driver reports the H200's target (Inductor's analysis asks it), on a machine
-    without a GPU."""
-    class H200Driver:
-        def get_current_target(self):
-            return H200
-
-    # Put back as it was: this machine has no driver for reset_active() to find.
-    active = triton.runtime.driver._active
-    triton.runtime.driver.set_active(H200Driver())
-    yield
-    triton.runtime.driver._active = active
+    with an_h200_for_triton():
+        yield
 
 
 @pytest.mark.parametrize("dependent_launch, constant_weights", [(False, False), (True, False), (True, True)])

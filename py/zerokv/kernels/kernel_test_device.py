@@ -1,11 +1,17 @@
-"""Where the matrix-vector kernels' tests run: compiled on a CUDA device (the gpu-tagged twin), or on
-the CPU under Triton's interpreter (TRITON_INTERPRET=1, which the interpreted target sets); a
-machine with neither skips the test module, saying why."""
+"""Where the kernels' tests run: compiled on a CUDA device (the gpu-tagged twin), or on the CPU under
+Triton's interpreter (TRITON_INTERPRET=1, which the interpreted target sets); a machine with neither
+skips the test module, saying why. And an H200 for Triton on a machine without a GPU."""
+
+import contextlib
 
 import pytest
 import torch
+import triton
+from triton.backends.compiler import GPUTarget
 
 from zerokv.kernels import matvec as mv
+
+H200 = GPUTarget("cuda", 90, 32)
 
 
 def device_or_skip() -> str:
@@ -15,3 +21,20 @@ def device_or_skip() -> str:
         return "cuda"
     pytest.skip("no CUDA device, and Triton's interpreter is off (TRITON_INTERPRET=1 runs the kernel on the CPU)",
                 allow_module_level=True)
+
+
+@contextlib.contextmanager
+def an_h200_for_triton():
+    """Triton's active driver reports the H200's target (Inductor's analysis of a user kernel asks
+    it), on a machine without a GPU."""
+    class H200Driver:
+        def get_current_target(self):
+            return H200
+
+    # Put back as it was: this machine has no driver for reset_active() to find.
+    active = triton.runtime.driver._active
+    triton.runtime.driver.set_active(H200Driver())
+    try:
+        yield
+    finally:
+        triton.runtime.driver._active = active
