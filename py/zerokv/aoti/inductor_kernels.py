@@ -12,10 +12,9 @@ The user kernels Inductor could not analyze: to know which arguments a user Trit
 writes, Inductor compiles it to Triton's IR and reads the stores. Where that fails it logs a warning
 and takes every tensor argument for written, and AOTInductor then copies each, the weights
 included, before every launch: on the H200 the 1B decode step took 2.5 times as long with an impure
-wait, and 1.3 times with a kernel torch 2.11 could not compile for its analysis (5e27c56's prefetch,
-reverted). Still correct, so
-nothing else says so; `kernel_analysis_failures()` collects those warnings for compile_aoti to
-refuse the package.
+wait, and 1.3 times with a kernel torch 2.11 could not compile for its analysis (5e27c56's
+prefetch, reverted). The step is still correct, so nothing else says so:
+`kernel_analysis_failures()` collects those warnings for compile_aoti to refuse the package.
 """
 
 from __future__ import annotations
@@ -51,20 +50,32 @@ def kernel_sources_recorded(defined: Callable[[Mapping[str, str]], None] = lambd
 
 @contextlib.contextmanager
 def kernel_analysis_failures() -> Iterator[list[str]]:
-    """Collects, while it is entered, what made Inductor's analysis of a user kernel fail: the last
-    line of each failure's exception (Triton names the function and the expression at fault)."""
+    """Collects, while it is entered, what made Inductor's analysis of a user kernel fail: for each
+    failure, where Triton stopped, in which function, and why."""
     failures: list[str] = []
 
     class Collector(logging.Handler):
         def emit(self, record):
             if _ANALYSIS_FAILED in record.getMessage():
                 cause = record.exc_info[1] if record.exc_info else None
-                failures.append(" ".join(str(cause).split()) if cause else record.getMessage())
+                failures.append(_summary(str(cause)) if cause else record.getMessage())
 
     logger = logging.getLogger(_ANALYSIS_LOGGER)
     collector = Collector(logging.WARNING)
+    level = logger.level
+    if logger.getEffectiveLevel() > logging.WARNING:  # a quieter logging setting must not hide it
+        logger.setLevel(logging.WARNING)
     logger.addHandler(collector)
     try:
         yield failures
     finally:
         logger.removeHandler(collector)
+        logger.setLevel(level)
+
+
+def _summary(error: str) -> str:
+    """Triton's compilation error ("at 3:73:", the function's source, the error) as its position, the
+    function's first line and the error."""
+    lines = [line.strip() for line in error.splitlines() if line.strip()]
+    header = [line for line in lines[1:-1] if line.startswith("def ")][:1]
+    return "; ".join([lines[0].rstrip(":")] + header + lines[-1:]) if len(lines) > 1 else error
