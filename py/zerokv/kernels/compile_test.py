@@ -87,8 +87,7 @@ def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_wei
     block_n, block_k, num_warps = mv.config_for(2048, inputs)
     return _compile(mv._matvec_kernel, types,
                     {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n, "BLOCK_K": block_k,
-                     "EVEN_K": inputs % block_k == 0, "PRELOADED": mv.preloaded_tiles(inputs, block_k),
-                     "DEPENDENT_LAUNCH": dependent_launch,
+                     "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch,
                      "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
@@ -105,8 +104,7 @@ def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True):
     block_n, block_k, num_warps = mv.config_for(512, 2048)
     return _compile(mv._siblings_kernel, {**types, "int": integers},
                     {"K": 2048, **{f"HAS_BIAS{i}": bias for i, bias in enumerate(biases)}, "BLOCK_N": block_n,
-                     "BLOCK_K": block_k, "EVEN_K": True, "PRELOADED": mv.preloaded_tiles(2048, block_k),
-                     "DEPENDENT_LAUNCH": dependent_launch,
+                     "BLOCK_K": block_k, "EVEN_K": True, "DEPENDENT_LAUNCH": dependent_launch,
                      "CONSTANT_WEIGHTS": constant_weights}, num_warps)
 
 
@@ -195,16 +193,6 @@ def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_w
     assert any(access.startswith("st.global") for access, _ in accesses)
 
 
-def test_a_long_row_of_constant_weights_is_half_loaded_before_the_wait():
-    """The down projection's [2048, 8192] loads 4 of its 8 tiles before its wait, the [2048, 2048]
-    product 1 of its 2 (matvec.MAX_PRELOADED_TILES)."""
-    def early_loads(inputs):
-        accesses = _accesses(_matvec("bf16", inputs, "i32", False, False, True).asm["ptx"])
-        return sum(1 for access, waited in accesses if not waited)
-
-    assert early_loads(8192) == 4 * early_loads(2048)
-
-
 @pytest.mark.parametrize("kernel", ["split", "combine", "matvec", "gated", "siblings"])
 def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
     """Attention reads what the kernels before write; a product's weights may be computed in the
@@ -239,15 +227,11 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
     bf16, fp32 = torch.bfloat16, torch.float32
     x, weight, y = torch.empty(2048, dtype=bf16), torch.empty(8192, 2048, dtype=bf16), torch.empty(8192, dtype=bf16)
     assert written(mv._matvec_kernel, X=x, W=weight, Up=weight, Bias=y, Y=y, N=8192, stride_wn=2048, stride_un=2048,
-                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True, PRELOADED=1,
-                   CONSTANT_WEIGHTS=constant_weights) == ["Y"]
-    down, z = torch.empty(2048, 8192, dtype=bf16), torch.empty(8192, dtype=bf16)
-    assert written(mv._matvec_kernel, X=z, W=down, Up=down, Bias=x, Y=x, N=2048, stride_wn=8192, stride_un=8192,
-                   K=8192, GATED=False, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True, PRELOADED=4,
+                   K=2048, GATED=True, HAS_BIAS=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
                    CONSTANT_WEIGHTS=constant_weights) == ["Y"]
     assert written(mv._siblings_kernel, X=x, W0=weight, W1=weight, W2=weight, B0=y, B1=y, B2=y, Y0=y, Y1=y, Y2=y,
                    N0=2048, N1=512, N2=512, stride0=2048, stride1=2048, stride2=2048, K=2048, HAS_BIAS0=False,
-                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True, PRELOADED=1,
+                   HAS_BIAS1=False, HAS_BIAS2=False, BLOCK_N=2, BLOCK_K=1024, EVEN_K=True,
                    CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)

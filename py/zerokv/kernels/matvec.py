@@ -47,24 +47,12 @@ from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is
 BLOCK_N = 2
 BLOCK_K = 1024
 NUM_WARPS = 4
-# Constant weights' tiles loaded before the wait: half of each row, from one tile to four. On the
-# H200, in a chain of Llama-3.2-1B's products and short kernels under programmatic launch (16
-# layers, one CUDA graph, a throwaway probe), the down projection [2048, 8192] loading 4 of its 8
-# tiles early took the chain from 709 to 689 us; 2 or all 8 gained less (701 us each), and loading
-# all of the [2048, 2048] and [8192, 2048] weights' 2 tiles early gained nothing. The cap keeps the
-# tiles in registers for longer rows.
-MAX_PRELOADED_TILES = 4
-
-
-def preloaded_tiles(inputs: int, block_k: int) -> int:
-    """How many of a row's tiles of `block_k` columns a product of constant weights loads before its wait."""
-    return max(1, min(MAX_PRELOADED_TILES, triton.cdiv(inputs, block_k) // 2))
 
 
 @triton.jit
 def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GATED: tl.constexpr,
           HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-          PRELOADED: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
+          DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     """Rows block * BLOCK_N.. of x W^T + bias or, GATED, of SiLU(x W^T) * (x Up^T)."""
     # What the kernel before may have written is read after the wait for it
     # (zerokv.kernels.dependent_launch): x, and the weights unless they are the program's constants.
@@ -81,24 +69,21 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
     # size of 8192) would wrap in 32.
     row_starts = W + rows.to(tl.int64)[:, None] * stride_wn
     up_row_starts = Up + rows.to(tl.int64)[:, None] * stride_un
-    # Constant weights' first PRELOADED tiles are loaded before the wait, so that they stream while
-    # the kernel before ends. They are multiplied last, so that the loop's loads are issued while
-    # they are on their way.
-    first_columns = tl.arange(0, PRELOADED * BLOCK_K)
+    # Constant weights' first tile is loaded before the wait, so that it streams while the kernel
+    # before ends. It is multiplied last, so that the loop's loads are issued while it is on its way.
     if EVEN_K:
         first_mask = inside_rows[:, None]
     else:
-        first_mask = inside_rows[:, None] & (first_columns < K)[None, :]
-    first_tiles = tl.load(row_starts + first_columns[None, :], mask=first_mask, other=0.0,
-                          eviction_policy="evict_first")
+        first_mask = inside_rows[:, None] & (columns < K)[None, :]
+    first_tile = tl.load(row_starts + columns[None, :], mask=first_mask, other=0.0, eviction_policy="evict_first")
     if GATED:
-        up_first_tiles = tl.load(up_row_starts + first_columns[None, :], mask=first_mask, other=0.0,
-                                 eviction_policy="evict_first")
+        up_first_tile = tl.load(up_row_starts + columns[None, :], mask=first_mask, other=0.0,
+                                eviction_policy="evict_first")
     if DEPENDENT_LAUNCH and CONSTANT_WEIGHTS:
         X += wait_for_the_kernel_before()
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     up_acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    for start in range(PRELOADED * BLOCK_K, K, BLOCK_K):
+    for start in range(BLOCK_K, K, BLOCK_K):
         if EVEN_K:
             mask = inside_rows[:, None]
             x = tl.load(X + start + columns)
@@ -112,13 +97,12 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
             up = tl.load(up_row_starts + start + columns[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
             up_acc += up.to(tl.float32) * x.to(tl.float32)[None, :]
     if EVEN_K:
-        x = tl.load(X + first_columns)
+        x = tl.load(X + columns)
     else:
-        x = tl.load(X + first_columns, mask=first_columns < K, other=0.0)
-    acc += _tiles_summed(first_tiles.to(tl.float32) * x.to(tl.float32)[None, :], BLOCK_N, BLOCK_K, PRELOADED)
+        x = tl.load(X + columns, mask=columns < K, other=0.0)
+    acc += first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
     if GATED:
-        up_acc += _tiles_summed(up_first_tiles.to(tl.float32) * x.to(tl.float32)[None, :], BLOCK_N, BLOCK_K,
-                                PRELOADED)
+        up_acc += up_first_tile.to(tl.float32) * x.to(tl.float32)[None, :]
     y = tl.sum(acc, axis=1)
     if HAS_BIAS:
         y += tl.load(Bias + rows, mask=inside_rows, other=0.0).to(tl.float32)
@@ -128,25 +112,17 @@ def _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, block, K: tl.constexpr, GA
 
 
 @triton.jit
-def _tiles_summed(products, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, TILES: tl.constexpr):
-    """[BLOCK_N, TILES * BLOCK_K] -> [BLOCK_N, BLOCK_K]: column j of each tile added up."""
-    if TILES == 1:
-        return products
-    return tl.sum(tl.reshape(products, [BLOCK_N, TILES, BLOCK_K]), axis=1)
-
-
-@triton.jit
 def _matvec_kernel(X, W, Up, Bias, Y, N, stride_wn, stride_un, K: tl.constexpr, GATED: tl.constexpr,
                    HAS_BIAS: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
-                   PRELOADED: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
+                   DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     _rows(X, W, Up, Bias, Y, N, stride_wn, stride_un, tl.program_id(0), K, GATED, HAS_BIAS, BLOCK_N, BLOCK_K, EVEN_K,
-          PRELOADED, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+          DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 @triton.jit
 def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0, stride1, stride2,
                      K: tl.constexpr, HAS_BIAS0: tl.constexpr, HAS_BIAS1: tl.constexpr, HAS_BIAS2: tl.constexpr,
-                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, PRELOADED: tl.constexpr,
+                     BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr,
                      DEPENDENT_LAUNCH: tl.constexpr, CONSTANT_WEIGHTS: tl.constexpr):
     """Up to three products of one x in one launch: the programs are the first product's blocks
     of rows, then the second's, then the third's (N2 0 when there are two)."""
@@ -155,13 +131,13 @@ def _siblings_kernel(X, W0, W1, W2, B0, B1, B2, Y0, Y1, Y2, N0, N1, N2, stride0,
     second = first + tl.cdiv(N1, BLOCK_N)
     if block < first:
         _rows(X, W0, W0, B0, Y0, N0, stride0, stride0, block, K, False, HAS_BIAS0, BLOCK_N, BLOCK_K, EVEN_K,
-              PRELOADED, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     elif block < second:
         _rows(X, W1, W1, B1, Y1, N1, stride1, stride1, block - first, K, False, HAS_BIAS1, BLOCK_N, BLOCK_K, EVEN_K,
-              PRELOADED, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+              DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
     else:
         _rows(X, W2, W2, B2, Y2, N2, stride2, stride2, block - second, K, False, HAS_BIAS2, BLOCK_N, BLOCK_K,
-              EVEN_K, PRELOADED, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
+              EVEN_K, DEPENDENT_LAUNCH, CONSTANT_WEIGHTS)
 
 
 # Triton's interpreter (TRITON_INTERPRET=1 when the kernel was defined) runs it on CPU tensors.
@@ -235,7 +211,7 @@ def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, constant_
     launcher(_matvec_kernel)[(triton.cdiv(outputs, block_n),)](
         x, weight, weight if up is None else up, weight if bias is None else bias, out, outputs, weight.stride(0),
         weight.stride(0) if up is None else up.stride(0), K=inputs, GATED=up is not None, HAS_BIAS=bias is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, PRELOADED=preloaded_tiles(inputs, block_k),
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
         DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return out
 
@@ -253,7 +229,7 @@ def launch_siblings(x, weights, biases, outs, block_n, block_k, num_warps, const
         x, *(weight for weight, _, _ in slots), *(weight if bias is None else bias for weight, bias, _ in slots),
         *(out for _, _, out in slots), *rows, *(weight.stride(0) for weight, _, _ in slots), K=inputs,
         HAS_BIAS0=slots[0][1] is not None, HAS_BIAS1=slots[1][1] is not None, HAS_BIAS2=slots[2][1] is not None,
-        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0, PRELOADED=preloaded_tiles(inputs, block_k),
+        BLOCK_N=block_n, BLOCK_K=block_k, EVEN_K=inputs % block_k == 0,
         DEPENDENT_LAUNCH=dependent_launch.supported(x.device), CONSTANT_WEIGHTS=constant_weights, num_warps=num_warps)
     return outs
 
