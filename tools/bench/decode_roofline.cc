@@ -15,7 +15,11 @@
 //                          `..._growth_step` at each step that grew them and `..._slow_step` at each
 //                          other step slower than twice the median over every step (position,
 //                          then its ms in both columns, 1 step), so that outliers can be placed
-//                          between the growths;
+//                          between the growths; after each of those, `..._host` at the same
+//                          position: what the host's kernel did to the runner's thread during the
+//                          step (involuntary context switches, page faults, and 1 in the steps
+//                          column if it ran on another CPU at the end than at the start), to tell
+//                          a step the host delayed from one the GPU did;
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION;
@@ -31,6 +35,8 @@
 // `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
 // matches (p99 column) out of the steps compared.
 #include <cuda_runtime_api.h>
+#include <sched.h>
+#include <sys/resource.h>
 
 #include <algorithm>
 #include <chrono>
@@ -42,6 +48,7 @@
 #include <fstream>
 #include <iterator>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <executorch/extension/module/module.h>
@@ -118,6 +125,19 @@ void Row(const std::string& variant, int64_t position, std::vector<double> value
   std::fflush(stdout);
 }
 
+// What the host's kernel did to this thread, counted since it started.
+struct HostCounts {
+  long involuntary_switches = 0;
+  long page_faults = 0;
+  int cpu = -1;
+
+  static HostCounts Now() {
+    rusage usage{};
+    if (getrusage(RUSAGE_THREAD, &usage) != 0) Fail("getrusage(RUSAGE_THREAD) failed");
+    return {usage.ru_nivcsw, usage.ru_minflt + usage.ru_majflt, sched_getcpu()};
+  }
+};
+
 // A row of `values`' median and slowest (in the p99 column).
 void Spread(const std::string& variant, std::vector<double> values) {
   if (values.empty()) return;
@@ -174,13 +194,16 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   const int64_t end = *std::max_element(positions.begin(), positions.end()) + steps;
   std::vector<double> times, growth, after_growth, without_growth;
   std::vector<bool> grew;
+  std::vector<std::pair<HostCounts, HostCounts>> host;  // at each step's start and end
   // The growth count is cumulative over the sequence's life (the agreement's steps included).
   ZeroKVCacheMetrics metrics{};
   zerokv_kv_sequence_metrics(caches, &metrics);
   const uint64_t replays = zerokv::engines::CudaGraphReplays();
   for (int64_t position = 0; position < end; ++position) {
     const uint64_t growths = metrics.growths;
+    const HostCounts started = HostCounts::Now();
     times.push_back(Step(module, "decode", (position * 7) % static_cast<int64_t>(reference.vocab), position));
+    host.emplace_back(started, HostCounts::Now());
     if (!grew.empty() && grew.back()) after_growth.push_back(times.back());
     zerokv_kv_sequence_metrics(caches, &metrics);
     grew.push_back(metrics.growths > growths);
@@ -202,6 +225,12 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
     if (grew[position] || times[position] > twice_median) {
       Row(grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step", position,
           {times[position]});
+      const auto& [started, ended] = host[position];
+      std::printf("%s_host\t%lld\t%ld\t%ld\t%d\n",
+                  grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step",
+                  static_cast<long long>(position), ended.involuntary_switches - started.involuntary_switches,
+                  ended.page_faults - started.page_faults, started.cpu != ended.cpu ? 1 : 0);
+      std::fflush(stdout);
     }
   }
 }

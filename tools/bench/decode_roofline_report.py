@@ -84,9 +84,11 @@ def table(model, rows):
             median, slowest, count = rows[variant][0]
             lines.append(f"- zerokv runtime-owned, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")
     growths = sorted(rows.get("zerokv_runtime_owned_growth_step", {}))
+    host = rows.get("zerokv_runtime_owned_slow_step_host", {})
     for position, (ms, _, _) in sorted(rows.get("zerokv_runtime_owned_slow_step", {}).items()):
         lines.append(f"- zerokv runtime-owned, a step over twice the median that did not grow the caches: "
-                     f"{ms:.3f} ms at position {position}, {_between_growths(position, growths)}")
+                     f"{ms:.3f} ms at position {position}, {_between_growths(position, growths)}"
+                     + (f"; meanwhile the runner's thread {_host_events(*host[position])}" if position in host else ""))
     for variant in sorted(v for v in rows if v.startswith("agreement_")):
         cosine, matches, steps = rows[variant][0]
         lines.append(f"- {variant[len('agreement_'):]} against Hugging Face eager over positions 0-{steps - 1}: "
@@ -101,6 +103,12 @@ def table(model, rows):
     lines.append(f"- device-to-device copy: {bandwidth:.0f} GB/s (read + written); weights "
                  f"{model['weight_bytes'] / 1e9:.3f} GB, KV {model['kv_bytes_per_position']} bytes per position")
     return "\n".join(lines) + "\n"
+
+
+def _host_events(involuntary_switches, page_faults, moved):
+    """What the host's kernel did to the runner's thread during a step (decode_roofline.cc's `_host` rows)."""
+    return (f"had {int(involuntary_switches)} involuntary context switches and {int(page_faults)} page faults, and "
+            + ("moved to another CPU" if moved else "stayed on one CPU"))
 
 
 def plot(model, rows, path):
