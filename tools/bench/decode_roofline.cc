@@ -16,7 +16,7 @@
 //                          other step slower than twice the median over every step (position,
 //                          then its ms in both columns, 1 step), so that outliers can be placed
 //                          between the growths; after each of those, `..._host` at the same
-//                          position: what the host's kernel did to the runner's thread during the
+//                          position: what the operating system did to the runner's thread during the
 //                          step (involuntary context switches, page faults, and 1 in the steps
 //                          column if it ran on another CPU at the end than at the start), to tell
 //                          a step the host delayed from one the GPU did;
@@ -125,7 +125,7 @@ void Row(const std::string& variant, int64_t position, std::vector<double> value
   std::fflush(stdout);
 }
 
-// What the host's kernel did to this thread, counted since it started.
+// What the host's operating system did to this thread, counted since it started.
 struct HostCounts {
   long involuntary_switches = 0;
   long page_faults = 0;

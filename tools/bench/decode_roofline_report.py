@@ -106,7 +106,7 @@ def table(model, rows):
 
 
 def _host_events(involuntary_switches, page_faults, moved):
-    """What the host's kernel did to the runner's thread during a step (decode_roofline.cc's `_host` rows)."""
+    """What the operating system did to the runner's thread during a step (decode_roofline.cc's `_host` rows)."""
     return (f"had {int(involuntary_switches)} involuntary context switches and {int(page_faults)} page faults, and "
             + ("moved to another CPU" if moved else "stayed on one CPU"))
 
