@@ -18,8 +18,9 @@
 //                          between the growths; after each of those, `..._host` at the same
 //                          position: what the operating system did to the runner's thread during the
 //                          step (involuntary context switches, page faults, and 1 in the steps
-//                          column if it ran on another CPU at the end than at the start), to tell
-//                          a step the host delayed from one the GPU did;
+//                          column if it ran on another CPU at the end than at the start): a step
+//                          with none was not delayed by preemption or faults (interrupts are not
+//                          counted);
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION;
@@ -223,11 +224,11 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
   const double twice_median = 2 * sorted[sorted.size() / 2];
   for (int64_t position = 0; position < end; ++position) {
     if (grew[position] || times[position] > twice_median) {
-      Row(grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step", position,
-          {times[position]});
+      const std::string variant =
+          grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step";
+      Row(variant, position, {times[position]});
       const auto& [started, ended] = host[position];
-      std::printf("%s_host\t%lld\t%ld\t%ld\t%d\n",
-                  grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step",
+      std::printf("%s_host\t%lld\t%ld\t%ld\t%d\n", variant.c_str(),
                   static_cast<long long>(position), ended.involuntary_switches - started.involuntary_switches,
                   ended.page_faults - started.page_faults, started.cpu != ended.cpu ? 1 : 0);
       std::fflush(stdout);
