@@ -73,16 +73,6 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     heads = tl.arange(0, BLOCK_G)
     real_heads = heads < GROUP
     dims = tl.arange(0, HEAD_DIM)
-    # In 64 bits: a batch of long caches passes 2**31 elements.
-    k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
-    v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    # A tile's K and V are loaded together, and the first tile's before the query, so that a program
-    # waits on memory twice (the position, then the query with its first tile) rather than four times:
-    # one tile is all a program reads from 256 to 4096 positions on the H200.
-    positions = start + tl.arange(0, BLOCK_N)
-    inside = positions < end
-    k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd, mask=inside[:, None], other=0.0)
-    v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd, mask=inside[:, None], other=0.0)
     query_heads = kv_head * GROUP + heads
     q = tl.load(Q + sequence * stride_qb + query_heads[:, None] * stride_qh + dims[None, :] * stride_qd,
                 mask=real_heads[:, None], other=0.0)
@@ -90,28 +80,29 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     running_max = tl.full([BLOCK_G], float("-inf"), tl.float32)
     running_sum = tl.zeros([BLOCK_G], tl.float32)
     weighted = tl.zeros([BLOCK_G, HEAD_DIM], tl.float32)
+    # In 64 bits: a batch of long caches passes 2**31 elements.
+    k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
+    v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # Every tile starts below `end`, so its maximum is finite and no exp sees -inf - -inf. A while
     # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values.
     tile = start
     while tile < end:
+        positions = tile + tl.arange(0, BLOCK_N)
+        inside = positions < end
+        k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd,
+                    mask=inside[:, None], other=0.0)
         # In float32 whatever `scale` arrives as (Inductor passes a Python float as float64).
         scores = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)
         scores = tl.where(inside[None, :], scores, float("-inf"))
         new_max = tl.maximum(running_max, tl.max(scores, axis=1))
         weights = tl.exp(scores - new_max[:, None])
         rescale = tl.exp(running_max - new_max)
+        v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd,
+                    mask=inside[:, None], other=0.0)
         weighted = weighted * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
         running_sum = running_sum * rescale + tl.sum(weights, axis=1)
         running_max = new_max
-        # The next tile, once this one's are spent: one tile's K and V are held at a time. Past the
-        # last tile every lane is masked and nothing is read.
         tile += BLOCK_N
-        positions = tile + tl.arange(0, BLOCK_N)
-        inside = positions < end
-        k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd, mask=inside[:, None],
-                    other=0.0)
-        v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd, mask=inside[:, None],
-                    other=0.0)
 
     # A split past the committed length stores max -inf and sum 0: the combine weighs it 0. The
     # padding heads (up to BLOCK_G) are not stored: the combine reads real heads only.
