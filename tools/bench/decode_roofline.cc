@@ -27,6 +27,9 @@
 //   bare_engine_host_io    the same engine, with the token and position copied from the host before
 //                          each step and the logits back to it after (BareEngine::StepWithHostIO):
 //                          what of a zerokv step's time over the bare engine's is the copies.
+// DECODE_ROOFLINE_VARIANTS (comma-separated; every one by default: runtime_owned, static, staged,
+// bare) picks the variants timed, e.g. "static,bare" to compare two trees' static steps
+// (tools/gpu/step_ab.sh), whose DIR then needs only static/ and reference/.
 // Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its steps,
 // warm-up included (median and p99 columns), and the steps (a step that did not replay ran
 // uncaptured). The last row, `dependent_launch_edges`, gives the kernel-to-kernel edges the engines
@@ -44,10 +47,13 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
 #include <fstream>
 #include <iterator>
+#include <set>
+#include <sstream>
 #include <string>
 #include <utility>
 #include <vector>
@@ -276,6 +282,22 @@ void Bare(const std::string& dir, int64_t steps, const std::vector<int64_t>& pos
   }
 }
 
+// The variants DECODE_ROOFLINE_VARIANTS names, or every one.
+std::set<std::string> Variants() {
+  const std::set<std::string> every = {"runtime_owned", "static", "staged", "bare"};
+  const char* named = std::getenv("DECODE_ROOFLINE_VARIANTS");
+  if (named == nullptr || *named == '\0') return every;
+  std::set<std::string> variants;
+  std::stringstream list(named);
+  for (std::string variant; std::getline(list, variant, ',');) {
+    if (!every.count(variant)) {
+      Fail("DECODE_ROOFLINE_VARIANTS names '" + variant + "'; the variants are runtime_owned, static, staged, bare");
+    }
+    variants.insert(variant);
+  }
+  return variants;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -291,17 +313,22 @@ int main(int argc, char** argv) {
     positions.push_back(Count("POSITION", argv[i]));
     if (positions.back() < kWarmup) Fail("POSITION " + std::string(argv[i]) + " leaves no room for the warm-up steps");
   }
+  const std::set<std::string> variants = Variants();
   Reference reference;
-  reference.tokens = ReadFile<int64_t>(dir + "/reference/tokens.bin");
-  reference.logits = ReadFile<float>(dir + "/reference/logits.bin");
-  if (reference.tokens.empty() || reference.logits.size() % reference.tokens.size() != 0) {
-    Fail(dir + "/reference: tokens.bin and logits.bin do not match");
+  if (variants.count("runtime_owned") || variants.count("static")) {
+    reference.tokens = ReadFile<int64_t>(dir + "/reference/tokens.bin");
+    reference.logits = ReadFile<float>(dir + "/reference/logits.bin");
+    if (reference.tokens.empty() || reference.logits.size() % reference.tokens.size() != 0) {
+      Fail(dir + "/reference: tokens.bin and logits.bin do not match");
+    }
+    reference.vocab = reference.logits.size() / reference.tokens.size();
   }
-  reference.vocab = reference.logits.size() / reference.tokens.size();
-  RuntimeOwned(dir, reference, steps, positions);
-  Static(dir, "zero_copy", "zerokv_static", &reference, steps, positions);
-  Static(dir, "staged", "zerokv_staged", nullptr, std::min<int64_t>(steps, kStagedSteps), positions);
-  Bare(dir, steps, positions);
+  if (variants.count("runtime_owned")) RuntimeOwned(dir, reference, steps, positions);
+  if (variants.count("static")) Static(dir, "zero_copy", "zerokv_static", &reference, steps, positions);
+  if (variants.count("staged")) {
+    Static(dir, "staged", "zerokv_staged", nullptr, std::min<int64_t>(steps, kStagedSteps), positions);
+  }
+  if (variants.count("bare")) Bare(dir, steps, positions);
   const auto edges = static_cast<unsigned long long>(zerokv::engines::DependentLaunchEdges());
   std::printf("dependent_launch_edges\t0\t%llu\t%llu\t%llu\n", edges, edges,
               static_cast<unsigned long long>(zerokv::engines::DependentLaunchGraphs()));

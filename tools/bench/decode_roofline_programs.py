@@ -2,7 +2,7 @@
 GPU machine (torch with CUDA and Triton, transformers, the executorch wheel):
 
     decode_roofline_programs.py DIR [--shape llama-3.2-1b] [--max-cache 32768] [--initial-capacity 256]
-                                    [--linear matvec|torch]
+                                    [--linear matvec|torch] [--programs runtime_owned static staged reference]
 
 Each is one decode step of the model (tools/bench/decode_roofline_model.py) compiled by AOTInductor
 for CUDA, its full-attention layers on zerokv's split-K decode kernels (hf_decode_attention), its linear layers
@@ -21,6 +21,8 @@ cuda_graph):
   DIR/reference/tokens.bin (int64: the token fed at positions 0, 1, ...) and logits.bin (float32
     [steps, vocab]: Hugging Face eager's logits there, SDPA over a dynamic cache).
   DIR/model.json: the shape, weight bytes and KV bytes per position (the roofline's inputs).
+--programs exports some of them (model.json is always written): "static reference" is what
+decode_roofline needs to time the static step and the bare engine alone (tools/gpu/step_ab.sh).
 """
 
 import argparse
@@ -35,6 +37,7 @@ import torch
 from tools.bench import decode_roofline_model as bench_model
 
 REFERENCE_STEPS = 32
+PROGRAMS = ("runtime_owned", "static", "staged", "reference")
 PROMPT_TOKEN = 1
 
 
@@ -138,12 +141,17 @@ def main():
     parser.add_argument("--initial-capacity", type=int, default=256)
     parser.add_argument("--linear", default="matvec", choices=["matvec", "torch"],
                         help="the linear layers on zerokv::matvec, or left to Inductor (to measure the kernel)")
+    parser.add_argument("--programs", nargs="+", default=list(PROGRAMS), choices=PROGRAMS,
+                        help="what to export (the static zero-copy program and its bare engine: static)")
     args = parser.parse_args()
-    jobs = [(export_runtime_owned, os.path.join(args.out, "runtime_owned"), args.shape, args.linear,
-             args.max_cache, args.initial_capacity),
-            (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache, True),
-            (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache, False),
-            (write_reference, os.path.join(args.out, "reference"), args.shape)]
+    jobs = {"runtime_owned": (export_runtime_owned, os.path.join(args.out, "runtime_owned"), args.shape, args.linear,
+                              args.max_cache, args.initial_capacity),
+            "static": (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache,
+                       True),
+            "staged": (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache,
+                       False),
+            "reference": (write_reference, os.path.join(args.out, "reference"), args.shape)}
+    jobs = [jobs[program] for program in dict.fromkeys(args.programs)]
     failed = False
     with concurrent.futures.ProcessPoolExecutor(len(jobs), mp_context=multiprocessing.get_context("spawn")) as pool:
         for done in concurrent.futures.as_completed([pool.submit(_reported, *job) for job in jobs]):
