@@ -1,8 +1,9 @@
 #!/bin/bash
 # What a change does to the 1B decode step, on the GPU machine: the static step and the bare engine of
 # a baseline tree and of this one, exported side by side and timed alternately on one machine.
-# Between machines the step's time spreads by up to 14%; between alternating runs on one, by 1-2%,
-# so this is how a change of a few percent is measured.
+# Between machines the step's time spreads by up to 14%; between alternating runs on one, the bare
+# engine's by up to 1.4% and the static step's by up to 4%, so this is how a change of a few percent
+# is measured.
 #   bash tools/gpu/step_ab.sh BASELINE [ROUNDS] [POSITION...]
 # BASELINE: another copy of the repository, at or after the commit that gave
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
