@@ -19,6 +19,7 @@ set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 baseline=$(realpath "$1")
 rounds=${2:-3}
+[[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
 shift $(($# > 1 ? 2 : 1))
 (($#)) || set -- 256 1024 4096 8192
 start=$SECONDS
