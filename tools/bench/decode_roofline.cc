@@ -291,7 +291,9 @@ std::set<std::string> Variants() {
   std::stringstream list(named);
   for (std::string variant; std::getline(list, variant, ',');) {
     if (!every.count(variant)) {
-      Fail("DECODE_ROOFLINE_VARIANTS names '" + variant + "'; the variants are runtime_owned, static, staged, bare");
+      std::string known;
+      for (const std::string& name : every) known += (known.empty() ? "" : ", ") + name;
+      Fail("DECODE_ROOFLINE_VARIANTS names '" + variant + "'; the variants are " + known);
     }
     variants.insert(variant);
   }

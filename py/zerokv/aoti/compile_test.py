@@ -8,8 +8,6 @@ import zipfile
 
 import pytest
 import torch
-import triton
-import triton.language as tl
 
 from zerokv import blob
 from zerokv.aoti.compile import _binding_table, _export, package_metadata
@@ -88,27 +86,22 @@ def test_aotinductor_is_handed_the_matvec_calls_of_one_input_as_one_launch_of_co
     assert calls["zerokv.matvec_siblings.default"] is True  # the module's parameters: no kernel writes them
 
 
-@triton.jit
-def _unreadable(X, N: tl.constexpr):
-    tl.store(X, N.to(tl.float32))  # an integer constant has no .to: the kernel does not compile
-
-
 def test_a_kernel_inductor_cannot_analyze_is_refused_by_name(monkeypatch):
     """Inductor takes every argument of a user kernel it cannot analyze for written, and AOTInductor
     copies each before every launch: correct, and on the H200 1.3 to 2.5 times slower."""
     from torch._higher_order_ops.triton_kernel_wrap import identify_accessed_tensors
 
     from zerokv.aoti.compile import AotiCompileError, compile_aoti
-    from zerokv.kernels.kernel_test_device import an_h200_for_triton
+    from zerokv.kernels.kernel_test_device import an_h200_for_triton, unanalyzable_kernel
 
     def analyzing(module, args, kwargs, options):
         with an_h200_for_triton():
-            identify_accessed_tensors(_unreadable, {"X": torch.empty(4), "N": 4}, {})
+            identify_accessed_tensors(unanalyzable_kernel, {"X": torch.empty(4), "N": 4}, {})
         return []
 
     monkeypatch.setattr(torch._inductor, "aot_compile", analyzing)
     with pytest.raises(AotiCompileError, match=r"Inductor could not tell which arguments a Triton kernel writes "
-                                               r"\(at 2:\d+; def _unreadable\(X, N: tl.constexpr\):; "
+                                               r"\(at 2:\d+; def unanalyzable_kernel\(X, N: tl.constexpr\):; "
                                                r"AttributeError\(.*no attribute 'to'.*\)\), so AOTInductor would copy"):
         compile_aoti(MutatingStep(), _inputs(), "cpu")
 

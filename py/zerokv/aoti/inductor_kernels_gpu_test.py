@@ -11,8 +11,6 @@ import re
 import pytest
 import torch
 import torch._higher_order_ops.triton_kernel_wrap as triton_kernel_wrap
-import triton
-import triton.language as tl
 from torch._inductor.utils import run_and_get_code
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -22,6 +20,7 @@ if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
 from zerokv.aoti.inductor_kernels import kernel_analysis_failures, kernel_sources_recorded  # noqa: E402
 from zerokv.kernels import dependent_launch  # noqa: E402
 from zerokv.kernels import matvec  # noqa: E402,F401  (registers the ops)
+from zerokv.kernels.kernel_test_device import unanalyzable_kernel  # noqa: E402
 
 
 def _step(x, residual, norm_weight, first, second):
@@ -83,17 +82,12 @@ def test_inductor_kernels_wait_before_what_a_zerokv_kernel_before_them_writes():
     assert set(dependent_launch.waiting_inductor_kernels(recorded)) == set(inductors), sorted(recorded)
 
 
-@triton.jit
-def _unreadable(X, N: tl.constexpr):
-    tl.store(X, N.to(tl.float32))  # an integer constant has no .to: the kernel does not compile
-
-
 def test_this_torchs_failed_analysis_of_a_user_kernel_is_collected():
     # torch 2.11 (the GPU machine's) names the analysis identify_mutated_tensors; later ones
     # identify_accessed_tensors.
     analysis = getattr(triton_kernel_wrap, "identify_accessed_tensors", None) or \
         triton_kernel_wrap.identify_mutated_tensors
     with kernel_analysis_failures() as failures:
-        analysis(_unreadable, {"X": torch.empty(4, device="cuda"), "N": 4}, {})
+        analysis(unanalyzable_kernel, {"X": torch.empty(4, device="cuda"), "N": 4}, {})
     assert len(failures) == 1, f"torch {torch.__version__} warned through another logger: {failures}"
-    assert "def _unreadable(X, N: tl.constexpr):" in failures[0] and "no attribute 'to'" in failures[0], failures
+    assert "def unanalyzable_kernel(X, N: tl.constexpr):" in failures[0] and "no attribute 'to'" in failures[0], failures

@@ -1,12 +1,14 @@
 """Where the kernels' tests run: compiled on a CUDA device (the gpu-tagged twin), or on the CPU under
 Triton's interpreter (TRITON_INTERPRET=1, which the interpreted target sets); a machine with neither
-skips the test module, saying why. And an H200 for Triton on a machine without a GPU."""
+skips the test module, saying why. An H200 for Triton on a machine without a GPU, and a kernel
+Inductor's analysis of user kernels cannot compile."""
 
 import contextlib
 
 import pytest
 import torch
 import triton
+import triton.language as tl
 from triton.backends.compiler import GPUTarget
 
 from zerokv.kernels import matvec as mv
@@ -38,3 +40,8 @@ def an_h200_for_triton():
         yield
     finally:
         triton.runtime.driver._active = active
+
+
+@triton.jit
+def unanalyzable_kernel(X, N: tl.constexpr):
+    tl.store(X, N.to(tl.float32))  # an integer constant has no .to: the kernel does not compile
