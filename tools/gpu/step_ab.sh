@@ -17,7 +17,11 @@
 set -euo pipefail
 (($#)) || { echo "usage: step_ab.sh BASELINE [ROUNDS] [POSITION...]" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
+[ -d "$1" ] || { echo "step_ab: BASELINE '$1' is not a folder" >&2; exit 2; }
 baseline=$(realpath "$1")
+[ -f "$baseline/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $baseline is not a copy of the repository" >&2; exit 2; }
+grep -q -- "--programs" "$baseline/tools/bench/decode_roofline_programs.py" ||
+  { echo "step_ab: $baseline's decode_roofline_programs.py has no --programs: take a later baseline" >&2; exit 2; }
 rounds=${2:-3}
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
 shift $(($# > 1 ? 2 : 1))
@@ -25,9 +29,6 @@ shift $(($# > 1 ? 2 : 1))
 start=$SECONDS
 work=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/step_ab
 rm -rf "$work" && mkdir -p "$work/runs"
-[ -f "$baseline/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $baseline is not a copy of the repository" >&2; exit 2; }
-grep -q -- "--programs" "$baseline/tools/bench/decode_roofline_programs.py" ||
-  { echo "step_ab: $baseline's decode_roofline_programs.py has no --programs: take a later baseline" >&2; exit 2; }
 
 echo "[step_ab] building the runner"
 GPU_TESTS=none ROOFLINE_POSITIONS="" DECODE_ROOFLINE_PHASES=none OUT="$work" bash "$root/tools/gpu/run.sh" >"$work/build.log" 2>&1 ||

@@ -1,0 +1,30 @@
+#!/bin/bash
+# step_ab.sh refuses a bad BASELINE or ROUNDS by name, before it builds, deletes or exports anything.
+set -uo pipefail
+step_ab=$1
+tmp=${TEST_TMPDIR:-$(mktemp -d)}
+export ZEROKV_GPU_DIR=$tmp/gpu
+mkdir -p "$ZEROKV_GPU_DIR/step_ab" "$tmp/not_a_copy" "$tmp/old/tools/bench" "$tmp/new/tools/bench"
+touch "$ZEROKV_GPU_DIR/step_ab/kept"
+echo 'parser.add_argument("--linear")' >"$tmp/old/tools/bench/decode_roofline_programs.py"
+echo 'parser.add_argument("--programs")' >"$tmp/new/tools/bench/decode_roofline_programs.py"
+failures=0
+refuses() {  # what the message must say, then step_ab's arguments
+  local expected=$1
+  shift
+  local output status
+  output=$(bash "$step_ab" "$@" 2>&1)
+  status=$?
+  if [ "$status" -ne 2 ] || [[ $output != *"$expected"* ]]; then
+    echo "FAIL: step_ab.sh $* exited $status, saying: $output (wanted 2 and: $expected)"
+    failures=$((failures + 1))
+  fi
+}
+refuses "usage: step_ab.sh BASELINE"
+refuses "BASELINE '$tmp/missing' is not a folder" "$tmp/missing"
+refuses "$tmp/not_a_copy is not a copy of the repository" "$tmp/not_a_copy"
+refuses "decode_roofline_programs.py has no --programs" "$tmp/old"
+refuses "ROUNDS 'x' is not a positive whole number" "$tmp/new" x
+refuses "ROUNDS '0' is not a positive whole number" "$tmp/new" 0
+[ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
+exit $((failures > 0))
