@@ -1,31 +1,51 @@
 #!/bin/bash
-# What a change does to the 1B decode step, on the GPU machine: the static step and the bare engine of
-# a baseline tree and of this one, exported side by side and timed alternately on one machine.
-# Between machines the step's time spreads by up to 14%; between alternating runs on one, the bare
-# engine's by up to 1.4% and the static step's by up to 4%, so this is how a change of a few percent
-# is measured.
-#   bash tools/gpu/step_ab.sh BASELINE [ROUNDS] [POSITION...]
-# BASELINE: another copy of the repository, at or after the commit that gave
+# What changes do to the 1B decode step, on the GPU machine: the static step and the bare engine of
+# a baseline tree, of this one and of any other trees, exported side by side and timed alternately
+# on one machine. Between machines the step's time spreads by up to 14%; between alternating runs
+# on one, the bare engine's by up to 1.4% and the static step's by up to 4%, so this is how a change
+# of a few percent is measured.
+#   bash tools/gpu/step_ab.sh [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+# BASELINE and each OTHER: another copy of the repository, at or after the commit that gave
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
-# before the device call, with carry [".gpu"]). Builds the runner as tools/gpu/run.sh does, exports
-# each tree's static program (the reference logits once, from this tree), then runs decode_roofline
-# (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, the baseline first, at the
-# POSITIONs (256 1024 4096 8192). A line per run, then each row's median over the runs, baseline and
-# this tree, and their ratio; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the
-# work folder's). No run starts once STEP_AB_SECONDS (480) have passed, so that a device call
-# returns what it measured.
+# before the device call, with carry [".gpu"]). The trees are named A (BASELINE), B (this tree), then
+# C, D... (the OTHERs, in order). Builds the runner as tools/gpu/run.sh does, exports each tree's
+# static program in parallel (the reference logits once, from this tree), then runs decode_roofline
+# (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree in turn, at the POSITIONs
+# (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
+# ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
+# run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
 set -euo pipefail
-(($#)) || { echo "usage: step_ab.sh BASELINE [ROUNDS] [POSITION...]" >&2; exit 2; }
-root=$(cd "$(dirname "$0")/../.." && pwd)
-[ -d "$1" ] || { echo "step_ab: BASELINE '$1' is not a folder" >&2; exit 2; }
-baseline=$(realpath "$1")
-[ -f "$baseline/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $baseline is not a copy of the repository" >&2; exit 2; }
-grep -q -- "--programs" "$baseline/tools/bench/decode_roofline_programs.py" ||
-  { echo "step_ab: $baseline's decode_roofline_programs.py has no --programs: take a later baseline" >&2; exit 2; }
-rounds=${2:-3}
+usage="usage: step_ab.sh [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
+rounds=3
+positions="256 1024 4096 8192"
+while getopts "r:p:" option; do
+  case $option in
+    r) rounds=$OPTARG ;;
+    p) positions=$OPTARG ;;
+    *) echo "$usage" >&2; exit 2 ;;
+  esac
+done
+shift $((OPTIND - 1))
+(($#)) || { echo "$usage" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
-shift $(($# > 1 ? 2 : 1))
-(($#)) || set -- 256 1024 4096 8192
+[[ $positions =~ ^[0-9]+( [0-9]+)*$ ]] || { echo "step_ab: POSITIONs '$positions' are not whole numbers" >&2; exit 2; }
+root=$(cd "$(dirname "$0")/../.." && pwd)
+names=(A B C D E F G H)
+(($# < ${#names[@]})) || { echo "step_ab: $# trees besides this one; at most $((${#names[@]} - 1))" >&2; exit 2; }
+declare -A trees=([B]=$root)
+index=0
+for tree in "$@"; do
+  [ -d "$tree" ] || { echo "step_ab: tree '$tree' is not a folder" >&2; exit 2; }
+  tree=$(realpath "$tree")
+  [ -f "$tree/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $tree is not a copy of the repository" >&2; exit 2; }
+  grep -q -- "--programs" "$tree/tools/bench/decode_roofline_programs.py" ||
+    { echo "step_ab: $tree's decode_roofline_programs.py has no --programs: take a later copy" >&2; exit 2; }
+  name=${names[index]}
+  ((index == 0)) && index=2 || index=$((index + 1))
+  trees[$name]=$tree
+done
+order=$(printf "%s\n" "${!trees[@]}" | sort | tr "\n" " ")
+order=${order% }
 start=$SECONDS
 work=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/step_ab
 rm -rf "$work" && mkdir -p "$work/runs"
@@ -37,49 +57,64 @@ site=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/site
 runner=$(find -L "$root/bazel-bin/tools/bench" -maxdepth 1 -name decode_roofline_runner -type f | head -n 1)
 [ -n "$runner" ] || { echo "step_ab: the build left no decode_roofline_runner" >&2; exit 1; }
 
-echo "[step_ab] exporting both trees' static steps ($((SECONDS - start)) s)"
+echo "[step_ab] exporting the static steps of $order ($((SECONDS - start)) s)"
 export_tree() {  # tree, directory, programs...
   local tree=$1 dir=$2
   shift 2
   (cd "$tree" && PYTHONPATH="$tree/py:$tree:$site" python3 tools/blob_schema/generate.py --python py/zerokv/blob/format_generated.py &&
     PYTHONPATH="$tree/py:$tree:$site" python3 tools/bench/decode_roofline_programs.py "$dir" --programs "$@")
 }
-export_tree "$baseline" "$work/A" static >"$work/export_A.log" 2>&1 &
-baseline_export=$!
-export_tree "$root" "$work/B" static reference >"$work/export_B.log" 2>&1 ||
-  { tail -n 20 "$work/export_B.log"; exit 1; }
-wait "$baseline_export" || { tail -n 20 "$work/export_A.log"; exit 1; }
-ln -s "$work/B/reference" "$work/A/reference"
+declare -A exports
+for name in $order; do
+  programs=static
+  [ "$name" = B ] && programs="static reference"
+  # shellcheck disable=SC2086  # the programs are words
+  export_tree "${trees[$name]}" "$work/$name" $programs >"$work/export_$name.log" 2>&1 &
+  exports[$name]=$!
+done
+for name in $order; do
+  wait "${exports[$name]}" || { echo "[step_ab] $name's export failed:"; tail -n 20 "$work/export_$name.log"; exit 1; }
+  [ "$name" = B ] || ln -s "$work/B/reference" "$work/$name/reference"
+done
 
-echo "[step_ab] timing, the baseline (A) and this tree (B) alternately ($((SECONDS - start)) s)"
+echo "[step_ab] timing $order alternately ($((SECONDS - start)) s)"
 for ((round = 1; round <= rounds; round++)); do
-  for tree in A B; do
+  for name in $order; do
     if ((SECONDS - start >= ${STEP_AB_SECONDS:-480})); then
-      echo "[step_ab] out of time before round $round's $tree"
+      echo "[step_ab] out of time before round $round's $name"
       break 2
     fi
-    rows="$work/runs/$round.$tree.tsv"
-    DECODE_ROOFLINE_VARIANTS=static,bare "$runner" "$work/$tree" 64 "$@" >"$rows" 2>"$work/runs/$round.$tree.err" ||
-      { tail -n 5 "$work/runs/$round.$tree.err"; exit 1; }
-    echo "$tree $round: $(awk '$1 ~ /^(bare_engine|zerokv_static)$/ {printf "%s@%s %s  ", $1, $2, $3}
-                                 $1 == "agreement_zerokv_static" {printf "cosine %s top-1 %s/%s", $3, $4, $5}' "$rows")"
+    rows="$work/runs/$round.$name.tsv"
+    # shellcheck disable=SC2086  # the positions are words
+    DECODE_ROOFLINE_VARIANTS=static,bare "$runner" "$work/$name" 64 $positions >"$rows" 2>"$work/runs/$round.$name.err" ||
+      { tail -n 5 "$work/runs/$round.$name.err"; exit 1; }
+    echo "$name $round: $(awk '$1 ~ /^(bare_engine|zerokv_static)$/ {printf "%s@%s %s  ", $1, $2, $3}
+                               $1 == "agreement_zerokv_static" {printf "cosine %s top-1 %s/%s  ", $3, $4, $5}' "$rows")"
   done
 done
-python3 - "$work/runs" <<'PY'
+python3 - "$work/runs" $order <<'PY'
 import collections, glob, os, statistics, sys
+runs, names = sys.argv[1], sys.argv[2:]
 medians = collections.defaultdict(list)
-for path in glob.glob(os.path.join(sys.argv[1], "*.tsv")):
+for path in glob.glob(os.path.join(runs, "*.tsv")):
     tree = path.rsplit(".", 2)[-2]
     for line in open(path):
         variant, position, median, *_ = line.split("\t")
         if variant in ("bare_engine", "zerokv_static"):
             medians[variant, int(position), tree].append(float(median))
-print("| variant | position | A ms (median of runs) | B ms | B / A |")
-print("| --- | ---: | ---: | ---: | ---: |")
+others = names[1:]
+print("| variant | position | A ms (median of runs) | " + " | ".join(f"{name} ms | {name} / A" for name in others) + " |")
+print("| --- | ---: | ---: | " + " | ".join("---: | ---:" for _ in others) + " |")
 for variant, position in sorted({key[:2] for key in medians}):
-    a, b = (medians.get((variant, position, tree)) for tree in "AB")
-    if a and b:
-        a, b = statistics.median(a), statistics.median(b)
-        print(f"| {variant} | {position} | {a:.4f} | {b:.4f} | {b / a:.3f} |")
+    a = medians.get((variant, position, "A"))
+    if not a:
+        continue
+    a = statistics.median(a)
+    cells = []
+    for name in others:
+        got = medians.get((variant, position, name))
+        cells += [f"{statistics.median(got):.4f}", f"{statistics.median(got) / a:.3f}"] if got else ["", ""]
+    print(f"| {variant} | {position} | {a:.4f} | " + " | ".join(cells) + " |")
 PY
-tar czf "${OUT:-$work}/step_ab.tgz" -C "$work" runs export_A.log export_B.log build.log
+# shellcheck disable=SC2086  # the names are words
+tar czf "${OUT:-$work}/step_ab.tgz" -C "$work" runs build.log $(for name in $order; do echo "export_$name.log"; done)

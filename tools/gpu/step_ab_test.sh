@@ -1,5 +1,5 @@
 #!/bin/bash
-# step_ab.sh refuses a bad BASELINE or ROUNDS by name, before it builds, deletes or exports anything.
+# step_ab.sh refuses a bad tree, ROUNDS or POSITION by name, before it builds, deletes or exports anything.
 set -uo pipefail
 step_ab=$1
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -20,11 +20,15 @@ refuses() {  # what the message must say, then step_ab's arguments
     failures=$((failures + 1))
   fi
 }
-refuses "usage: step_ab.sh BASELINE"
-refuses "BASELINE '$tmp/missing' is not a folder" "$tmp/missing"
+refuses "usage: step_ab.sh [-r ROUNDS]"
+refuses "usage: step_ab.sh [-r ROUNDS]" -x "$tmp/new"
+refuses "tree '$tmp/missing' is not a folder" "$tmp/missing"
+refuses "tree '$tmp/missing' is not a folder" "$tmp/new" "$tmp/missing"
 refuses "$tmp/not_a_copy is not a copy of the repository" "$tmp/not_a_copy"
-refuses "decode_roofline_programs.py has no --programs" "$tmp/old"
-refuses "ROUNDS 'x' is not a positive whole number" "$tmp/new" x
-refuses "ROUNDS '0' is not a positive whole number" "$tmp/new" 0
+refuses "decode_roofline_programs.py has no --programs" "$tmp/new" "$tmp/old"
+refuses "ROUNDS 'x' is not a positive whole number" -r x "$tmp/new"
+refuses "ROUNDS '0' is not a positive whole number" -r 0 "$tmp/new"
+refuses "POSITIONs '256 x' are not whole numbers" -p "256 x" "$tmp/new"
+refuses "8 trees besides this one; at most 7" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
 [ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
 exit $((failures > 0))
