@@ -47,6 +47,10 @@ from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is
 BLOCK_N = 2
 BLOCK_K = 1024
 NUM_WARPS = 4
+# Rows longer than two loads of BLOCK_K (the down projection's 8192) load LONG_BLOCK_K columns at a
+# time on LONG_NUM_WARPS: their programs otherwise keep too few bytes in flight.
+LONG_BLOCK_K = 4096
+LONG_NUM_WARPS = 8
 
 
 @triton.jit
@@ -197,6 +201,8 @@ def check_siblings(x, weights, biases):
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
     """(block_n, block_k, num_warps) for a weight of `outputs` rows and `inputs` columns."""
+    if inputs > 2 * BLOCK_K:
+        return min(BLOCK_N, triton.next_power_of_2(outputs)), LONG_BLOCK_K, LONG_NUM_WARPS
     return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
 
 
