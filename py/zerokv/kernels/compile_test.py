@@ -8,6 +8,8 @@ take no CPU tensors: the operator refuses them by name."""
 
 import ast
 import os
+import re
+import subprocess
 
 import pytest
 import torch
@@ -16,6 +18,7 @@ if os.environ.get("TRITON_INTERPRET") == "1":
     pytest.skip("the compiler, not the interpreter, is under test", allow_module_level=True)
 
 import triton  # noqa: E402  (the venv pins it)
+from triton.backends.nvidia.compiler import get_ptxas  # noqa: E402
 from triton.compiler import ASTSource  # noqa: E402
 
 from zerokv.kernels import dependent_launch  # noqa: E402
@@ -89,6 +92,20 @@ def _matvec(dtype, inputs, integers, bias, gated, dependent_launch, constant_wei
                     {"K": inputs, "GATED": gated, "HAS_BIAS": bias, "BLOCK_N": block_n, "BLOCK_K": block_k,
                      "EVEN_K": inputs % block_k == 0, "DEPENDENT_LAUNCH": dependent_launch,
                      "CONSTANT_WEIGHTS": constant_weights}, num_warps)
+
+
+@pytest.mark.parametrize("inputs, gated", [(2048, False), (2048, True), (8192, False)])
+def test_the_1b_products_keep_their_registers(inputs, gated, tmp_path):
+    """Llama-3.2-1B's products at their launch parameters: query, key, value, output and head (rows of
+    2048), gate and up, and down (rows of 8192). A spilled register goes to local memory and back in
+    the loop that streams the weights."""
+    ptx = tmp_path / "kernel.ptx"
+    ptx.write_text(_matvec("bf16", inputs, "i32", False, gated, True).asm["ptx"])
+    target = re.search(r"^\.target (\w+)", ptx.read_text(), re.MULTILINE).group(1)
+    report = subprocess.run([get_ptxas(H200.arch).path, "-v", f"--gpu-name={target}", str(ptx), "-o",
+                             str(tmp_path / "kernel.cubin")], capture_output=True, text=True, check=True).stderr
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    assert spills and spills.groups() == ("0", "0"), report
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])

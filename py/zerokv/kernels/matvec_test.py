@@ -21,6 +21,7 @@ CASES = {
     "uneven rows and columns": (37, 100, True, torch.float16, (1,)),
     "one output": (1, 64, True, torch.float32, ()),
     "wide": (16, 2048, False, torch.bfloat16, (1, 1)),
+    "long rows, a partial last load": (5, 9000, True, torch.bfloat16, (1, 1)),
     "float32": (96, 48, False, torch.float32, (1, 1, 1)),
 }
 
