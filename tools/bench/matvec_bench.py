@@ -28,7 +28,7 @@ PRODUCTS = [("q/o", HIDDEN, HIDDEN, LAYERS), ("k/v", KV_WIDTH, HIDDEN, LAYERS), 
             ("down", HIDDEN, FFN, LAYERS), ("lm_head", VOCAB, HIDDEN, 1)]
 # Launch parameters to sweep, those whose tile gives each thread 8 to 128 elements: fewer leaves
 # its loads narrower than 16 bytes, more spills registers.
-SWEEP = [(block_n, block_k, warps) for block_n in (1, 2, 4, 8, 16, 32) for block_k in (256, 512, 1024)
+SWEEP = [(block_n, block_k, warps) for block_n in (1, 2, 4, 8, 16, 32) for block_k in (256, 512, 1024, 2048, 4096)
          for warps in (4, 8) if 8 <= block_n * block_k // (32 * warps) <= 128]
 REPLAYS = 20
 

@@ -42,8 +42,8 @@ from zerokv.kernels.matvec_contract import DTYPES, MAX_SIBLINGS, MatvecError, is
 
 # Launch parameters: rows per program, columns per load, warps. On the H200, over Llama-3.2-1B's
 # shapes in bfloat16, 2 rows of 1024 columns with 4 warps was the best or within 5% of it for every
-# shape (//tools/bench:matvec_bench, results/h200/matvec_bench.md): [8192, 2048] in 9.2 us (3.6
-# TB/s), [2048, 8192] in 9.8, [2048, 2048] in 3.9, [512, 2048] in 2.2.
+# shape among loads of up to 1024 columns (//tools/bench:matvec_bench, results/h200/matvec_bench.md):
+# [8192, 2048] in 9.2 us (3.6 TB/s), [2048, 8192] in 9.8, [2048, 2048] in 3.9, [512, 2048] in 2.2.
 BLOCK_N = 2
 BLOCK_K = 1024
 NUM_WARPS = 4
