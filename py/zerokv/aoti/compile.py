@@ -141,33 +141,37 @@ def compile_aoti(
     if group_sibling_matvecs(module.graph) + mark_constant_weights(module.graph):
         module.recompile()
     name_early_kernels = functools.partial(_name_early_kernels, torch_device)
-    with (declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources,
-          kernel_analysis_failures() as unanalyzed):
-        files = torch._inductor.aot_compile(
-            module,
-            args,
-            kwargs,
-            options={
-                "aot_inductor.package": True,
-                "aot_inductor.metadata": metadata,
-                "aot_inductor.package_constants_in_so": False,
-                # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
-                "aot_inductor.package_constants_on_disk_format": "pickle_weights",
-                "coordinate_descent_tuning": coordinate_descent_tuning,
-                "triton.unique_user_kernel_names": False,
-                "triton.enable_pdl": dependent_launch.supported(torch_device),
-            },
-        )
-    if unanalyzed:
-        raise AotiCompileError(f"Inductor could not tell which arguments a Triton kernel writes ({unanalyzed[0]}), "
-                               "so AOTInductor would copy every argument of it, the weights included, before each "
-                               "launch; change the kernel so that Triton compiles it for that analysis")
-    metadata[EARLY_KERNELS_KEY] = ",".join(dependent_launch.early_kernels(torch_device, inductor_sources))
-    build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
-    for weights in (f for f in files if isinstance(f, Weights)):
-        for name, (tensor, _) in weights.items():
-            _add_constant(build, name, tensor)
+    # AOTInductor writes its files into a folder of this compile's own: in Inductor's cache, which
+    # every compile of the same program on the machine shares (a test's shards in parallel), another
+    # compile could rewrite them before they are packaged.
     with tempfile.TemporaryDirectory() as directory:
+        with (declarations_where_used(), kernel_sources_recorded(name_early_kernels) as inductor_sources,
+              kernel_analysis_failures() as unanalyzed):
+            files = torch._inductor.aot_compile(
+                module,
+                args,
+                kwargs,
+                options={
+                    "aot_inductor.package": True,
+                    "aot_inductor.output_path": os.path.join(directory, "aotinductor"),
+                    "aot_inductor.metadata": metadata,
+                    "aot_inductor.package_constants_in_so": False,
+                    # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
+                    "aot_inductor.package_constants_on_disk_format": "pickle_weights",
+                    "coordinate_descent_tuning": coordinate_descent_tuning,
+                    "triton.unique_user_kernel_names": False,
+                    "triton.enable_pdl": dependent_launch.supported(torch_device),
+                },
+            )
+        if unanalyzed:
+            raise AotiCompileError(f"Inductor could not tell which arguments a Triton kernel writes ({unanalyzed[0]}), "
+                                   "so AOTInductor would copy every argument of it, the weights included, before each "
+                                   "launch; change the kernel so that Triton compiles it for that analysis")
+        metadata[EARLY_KERNELS_KEY] = ",".join(dependent_launch.early_kernels(torch_device, inductor_sources))
+        build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
+        for weights in (f for f in files if isinstance(f, Weights)):
+            for name, (tensor, _) in weights.items():
+                _add_constant(build, name, tensor)
         path = os.path.join(directory, "engine.pt2")
         package_aoti(path, [f for f in files if isinstance(f, str)])
         with open(path, "rb") as package:

@@ -161,6 +161,29 @@ def test_kernels_named_while_aotinductor_compiles_are_in_the_metadata_it_writes(
     assert torch._inductor.config.aot_inductor.metadata == {}
 
 
+def test_no_other_compile_can_rewrite_the_files_a_compile_packages(monkeypatch, tmp_path):
+    """Compiles of one program in parallel (a test's shards on the GPU machine) shared the files
+    AOTInductor writes into Inductor's cache: one packaged a metadata file that another was
+    rewriting, and was refused. Here every metadata file in Inductor's cache is emptied just before
+    the package is made, as such a compile would."""
+    from torch._inductor.runtime.cache_dir_utils import temporary_cache_dir
+
+    from zerokv.aoti import compile as aoti_compile
+
+    package = aoti_compile.package_aoti
+
+    def package_after_another_compile(path, files):
+        for written in (tmp_path / "inductor").rglob("*_metadata.json"):
+            written.write_text("")
+        return package(path, files)
+
+    monkeypatch.setattr(aoti_compile, "package_aoti", package_after_another_compile)
+    with temporary_cache_dir(str(tmp_path / "inductor")):
+        build = aoti_compile.compile_aoti(MutatingStep(), _inputs(), "cpu")
+    with zipfile.ZipFile(io.BytesIO(build.payload)) as packaged:
+        assert any(name.endswith("_metadata.json") for name in packaged.namelist())
+
+
 def _package(**files):
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w") as package:
