@@ -51,9 +51,8 @@ NUM_WARPS = 4
 # time on LONG_NUM_WARPS. With every program of such a product on the machine at once, what is in
 # flight is one load of BLOCK_K columns per row, too little for the memory's latency; and that
 # kernel spilled registers. Under programmatic launch on the H200, 16 of [2048, 8192] took 10.5 us
-# each at 1024 columns on 4 warps, 9.6 at 2048 on 8 and 8.9 at 4096 on 8 (3.75 TB/s); 8192 took
-# 10.0. In the 1B step the bare engine was 2-3% faster
-# (results/h200/long_rows_ab_f09e968.md).
+# each at 1024 columns on 4 warps, 9.6 at 2048 on 8, 8.9 at 4096 on 8 (3.75 TB/s) and 10.0 at the
+# whole row on 8. In the 1B step the bare engine was 2-3% faster (results/h200/long_rows_ab_f09e968.md).
 LONG_BLOCK_K = 4096
 LONG_NUM_WARPS = 8
 
