@@ -30,19 +30,17 @@ shift $((OPTIND - 1))
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
 [[ $positions =~ ^[0-9]+( [0-9]+)*$ ]] || { echo "step_ab: POSITIONs '$positions' are not whole numbers" >&2; exit 2; }
 root=$(cd "$(dirname "$0")/../.." && pwd)
-names=(A B C D E F G H)
-(($# < ${#names[@]})) || { echo "step_ab: $# trees besides this one; at most $((${#names[@]} - 1))" >&2; exit 2; }
+labels=(A C D E F G H)  # B is this tree
+(($# <= ${#labels[@]})) || { echo "step_ab: $# trees besides this one; at most ${#labels[@]}" >&2; exit 2; }
 declare -A trees=([B]=$root)
-index=0
-for tree in "$@"; do
+for ((index = 0; index < $#; index++)); do
+  tree=${*:index + 1:1}
   [ -d "$tree" ] || { echo "step_ab: tree '$tree' is not a folder" >&2; exit 2; }
   tree=$(realpath "$tree")
   [ -f "$tree/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $tree is not a copy of the repository" >&2; exit 2; }
   grep -q -- "--programs" "$tree/tools/bench/decode_roofline_programs.py" ||
     { echo "step_ab: $tree's decode_roofline_programs.py has no --programs: take a later copy" >&2; exit 2; }
-  name=${names[index]}
-  ((index == 0)) && index=2 || index=$((index + 1))
-  trees[$name]=$tree
+  trees[${labels[index]}]=$tree
 done
 order=$(printf "%s\n" "${!trees[@]}" | sort | tr "\n" " ")
 order=${order% }

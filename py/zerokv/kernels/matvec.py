@@ -205,9 +205,10 @@ def check_siblings(x, weights, biases):
 
 def config_for(outputs: int, inputs: int) -> tuple[int, int, int]:
     """(block_n, block_k, num_warps) for a weight of `outputs` rows and `inputs` columns."""
+    block_n = min(BLOCK_N, triton.next_power_of_2(outputs))
     if inputs > 2 * BLOCK_K:
-        return min(BLOCK_N, triton.next_power_of_2(outputs)), LONG_BLOCK_K, LONG_NUM_WARPS
-    return min(BLOCK_N, triton.next_power_of_2(outputs)), min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
+        return block_n, LONG_BLOCK_K, LONG_NUM_WARPS
+    return block_n, min(BLOCK_K, triton.next_power_of_2(inputs)), NUM_WARPS
 
 
 def launch(x, weight, bias, out, block_n, block_k, num_warps, up=None, constant_weights=False,
