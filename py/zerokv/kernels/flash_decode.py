@@ -12,7 +12,7 @@ Why not ExecuTorch's split-K decode kernel (`triton::sdpa_decode_splitk`), which
 its chunk of positions per thread block is a launch argument sized from the capacity. A decode
 step captured as a CUDA graph replays that argument at every position, so over a static cache of
 32768 positions each block owns 256 of them and, at position 4096, 16 of its 128 splits have work.
-Here the chunk is computed on the device from the committed length, so the committed positions are
+Here the split is computed on the device from the committed length, so the committed positions are
 spread over the splits (down to one tile of BLOCK_N positions each) at every position. Its kv_len
 path also reads the capacity as a Python int, which specializes an engine over runtime-owned caches
 (a dynamic capacity) to one capacity; here the capacity is a kernel argument and the committed
@@ -66,9 +66,13 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
 
     # Bounded before narrowing, so that no position wraps into the capacity.
     committed = tl.minimum(tl.load(Position), capacity - 1).to(tl.int32) + 1
-    chunk = tl.cdiv(tl.cdiv(committed, SPLITS), BLOCK_N) * BLOCK_N
-    start = split * chunk
-    end = tl.minimum(start + chunk, committed)
+    # The committed tiles are dealt out one by one, the first `extra` splits taking one more: chunks
+    # of whole tiles per split left up to half the splits idle (65 tiles made 33 chunks of 2 for 64).
+    tiles = tl.cdiv(tl.maximum(committed, 0), BLOCK_N)
+    share = tiles // SPLITS
+    extra = tiles % SPLITS
+    start = (split * share + tl.minimum(split, extra)) * BLOCK_N
+    end = tl.minimum(start + (share + (split < extra).to(tl.int32)) * BLOCK_N, committed)
 
     heads = tl.arange(0, BLOCK_G)
     real_heads = heads < GROUP

@@ -71,6 +71,36 @@ def test_a_position_past_the_capacity_reads_no_further_than_the_capacity(positio
     torch.testing.assert_close(out.float(), _reference(query, key, value, 63, 0.25), rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("splits, block_n, position", [
+    (64, 16, 64 * 16),        # 65 tiles: in chunks of two, 31 splits would read nothing
+    (32, 16, 32 * 16 + 300),  # 51 tiles
+    (8, 16, 8 * 16),          # 9 tiles
+])
+def test_every_split_reads_once_there_are_as_many_tiles_as_splits(splits, block_n, position):
+    query, key, value = _inputs(1, 4, 1, position + 1, 16, torch.float16)
+    out = torch.empty(1, 1, 4, 16, device=DEVICE, dtype=torch.float16)
+    maxima = []
+
+    def recording_the_split_maxima(kernel):
+        if kernel is not fd._split_kernel:
+            return kernel
+
+        class Recorded:
+            def __getitem__(self, grid):
+                def run(*args, **kwargs):
+                    maxima.append(args[4])
+                    return kernel[grid](*args, **kwargs)
+                return run
+        return Recorded()
+
+    fd.launch(query, key, value, torch.tensor([position], device=DEVICE), 0.25, out, splits, block_n=block_n,
+              launcher=recording_the_split_maxima)
+    # A split that read nothing stores a running maximum of -inf.
+    idle = torch.isinf(maxima[0].view(splits, -1)[:, :4]).all(dim=1)
+    assert not idle.any(), f"{int(idle.sum())} of {splits} splits read nothing"
+    torch.testing.assert_close(out.float(), _reference(query, key, value, position, 0.25), rtol=2e-2, atol=2e-2)
+
+
 def test_splits_fill_the_multiprocessors_in_powers_of_two():
     assert fd.splits_for(8, 132) == 64          # Llama-3.2-1B's 8 KV heads on an H200
     assert fd.splits_for(1, 132) == fd.MAX_SPLITS
