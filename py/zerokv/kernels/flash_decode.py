@@ -39,7 +39,8 @@ from zerokv.kernels.flash_decode_contract import DTYPES, MIN_DOT_SIZE, FlashDeco
 BLOCK_N = 64
 # Thread blocks to aim for per streaming multiprocessor: enough to hide memory latency. On the H200,
 # 4 (64 splits over Llama-3.2-1B's 8 KV heads) read 16384 positions in 14.8 us per layer, 2 (32
-# splits) in 19.6 (//tools/bench:flash_decode_bench).
+# splits) in 19.6 (//tools/bench:flash_decode_bench); 8 (128 splits) made the 1B step 1-3% slower
+# at most positions (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
 
