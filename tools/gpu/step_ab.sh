@@ -3,23 +3,29 @@
 # a baseline tree, of this one and of any other trees, exported side by side and timed alternately
 # on one machine. Between machines the step's time spreads by up to 14%; between alternating runs
 # on one, the bare engine's by up to 1.4% and the static step's by up to 4%, so this is how a change
-# of a few percent is measured.
-#   bash tools/gpu/step_ab.sh [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+# of a few percent is measured. With the trees always in one order, the one timed after the baseline
+# measured 0.5-1.0% faster where the two trees' kernels did the same work
+# (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md), so each round starts one tree later than
+# the round before (A B, B A, ...) and every tree is timed in every place as often.
+#   bash tools/gpu/step_ab.sh [-n] [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+# -n: print each round's order and stop, having checked the arguments.
 # BASELINE and each OTHER: another copy of the repository, at or after the commit that gave
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
 # before the device call, with carry [".gpu"]). The trees are named A (BASELINE), B (this tree), then
 # C, D... (the OTHERs, in order). Builds the runner as tools/gpu/run.sh does, exports each tree's
 # static program in parallel (the reference logits once, from this tree), then runs decode_roofline
-# (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree in turn, at the POSITIONs
+# (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, at the POSITIONs
 # (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
 # ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
 # run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
 set -euo pipefail
-usage="usage: step_ab.sh [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
+usage="usage: step_ab.sh [-n] [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
 rounds=3
 positions="256 1024 4096 8192"
-while getopts "r:p:" option; do
+plan_only=false
+while getopts "nr:p:" option; do
   case $option in
+    n) plan_only=true ;;
     r) rounds=$OPTARG ;;
     p) positions=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
@@ -44,6 +50,15 @@ for ((index = 0; index < $#; index++)); do
 done
 order=$(printf "%s\n" "${!trees[@]}" | sort | tr "\n" " ")
 order=${order% }
+read -r -a names <<<"$order"
+round_order() {  # round (from 1): the trees, starting round - 1 places later than A
+  local first=$(((($1 - 1)) % ${#names[@]}))
+  echo "${names[*]:first} ${names[*]:0:first}" | xargs
+}
+if $plan_only; then
+  for ((round = 1; round <= rounds; round++)); do echo "round $round: $(round_order "$round")"; done
+  exit 0
+fi
 start=$SECONDS
 work=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/step_ab
 rm -rf "$work" && mkdir -p "$work/runs"
@@ -75,9 +90,9 @@ for name in $order; do
   [ "$name" = B ] || ln -s "$work/B/reference" "$work/$name/reference"
 done
 
-echo "[step_ab] timing $order alternately ($((SECONDS - start)) s)"
+echo "[step_ab] timing $order in turn, each round starting one later ($((SECONDS - start)) s)"
 for ((round = 1; round <= rounds; round++)); do
-  for name in $order; do
+  for name in $(round_order "$round"); do
     if ((SECONDS - start >= ${STEP_AB_SECONDS:-480})); then
       echo "[step_ab] out of time before round $round's $name"
       break 2

@@ -1,5 +1,6 @@
 #!/bin/bash
-# step_ab.sh refuses a bad tree, ROUNDS or POSITION by name, before it builds, deletes or exports anything.
+# step_ab.sh refuses a bad tree, ROUNDS or POSITION by name, before it builds, deletes or exports anything,
+# and starts each round one tree later than the round before.
 set -uo pipefail
 step_ab=$1
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -20,8 +21,8 @@ refuses() {  # what the message must say, then step_ab's arguments
     failures=$((failures + 1))
   fi
 }
-refuses "usage: step_ab.sh [-r ROUNDS]"
-refuses "usage: step_ab.sh [-r ROUNDS]" -x "$tmp/new"
+refuses "usage: step_ab.sh [-n] [-r ROUNDS]"
+refuses "usage: step_ab.sh [-n] [-r ROUNDS]" -x "$tmp/new"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/missing"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/new" "$tmp/missing"
 refuses "$tmp/not_a_copy is not a copy of the repository" "$tmp/not_a_copy"
@@ -30,5 +31,18 @@ refuses "ROUNDS 'x' is not a positive whole number" -r x "$tmp/new"
 refuses "ROUNDS '0' is not a positive whole number" -r 0 "$tmp/new"
 refuses "POSITIONs '256 x' are not whole numbers" -p "256 x" "$tmp/new"
 refuses "8 trees besides this one; at most 7" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
+plans() {  # the plan it must print, then step_ab's arguments
+  local expected=$1
+  shift
+  local output
+  output=$(bash "$step_ab" -n "$@" 2>&1)
+  if [ "$?" -ne 0 ] || [ "$output" != "$expected" ]; then
+    echo "FAIL: step_ab.sh -n $* printed: $output (wanted: $expected)"
+    failures=$((failures + 1))
+  fi
+}
+plans $'round 1: A B\nround 2: B A\nround 3: A B\nround 4: B A' -r 4 "$tmp/new"
+plans $'round 1: A B C\nround 2: B C A\nround 3: C A B\nround 4: A B C' -r 4 "$tmp/new" "$tmp/new"
+plans $'round 1: A B\nround 2: B A\nround 3: A B' "$tmp/new"
 [ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
 exit $((failures > 0))
