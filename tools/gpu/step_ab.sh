@@ -52,8 +52,9 @@ order=$(printf "%s\n" "${!trees[@]}" | sort | tr "\n" " ")
 order=${order% }
 read -r -a names <<<"$order"
 round_order() {  # round (from 1): the trees, starting round - 1 places later than A
-  local first=$(((($1 - 1)) % ${#names[@]}))
-  echo "${names[*]:first} ${names[*]:0:first}" | xargs
+  local first=$((($1 - 1) % ${#names[@]}))
+  local rotated=("${names[@]:first}" "${names[@]:0:first}")
+  echo "${rotated[*]}"
 }
 if $plan_only; then
   for ((round = 1; round <= rounds; round++)); do echo "round $round: $(round_order "$round")"; done

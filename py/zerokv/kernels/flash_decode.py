@@ -67,8 +67,8 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
 
     # Bounded before narrowing, so that no position wraps into the capacity.
     committed = tl.minimum(tl.load(Position), capacity - 1).to(tl.int32) + 1
-    # The committed tiles are dealt out one by one, the first `extra` splits taking one more: chunks
-    # of whole tiles per split left up to half the splits idle (65 tiles made 33 chunks of 2 for 64).
+    # The committed tiles are dealt out one by one, the first `extra` splits taking one more: in
+    # chunks of whole tiles, 65 tiles for 64 splits made chunks of 2 and left 31 splits idle.
     tiles = tl.cdiv(tl.maximum(committed, 0), BLOCK_N)
     share = tiles // SPLITS
     extra = tiles % SPLITS
