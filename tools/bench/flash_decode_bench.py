@@ -7,8 +7,8 @@ size 64, bfloat16) and static caches of CAPACITY positions (prints a table; not 
 Each row is one CUDA graph of LAYERS layers' attention (each layer its own caches, as in a step),
 replayed with COMMITTED positions in the caches (the step at position COMMITTED - 1); microseconds
 per layer, and the KV bytes the committed positions hold divided by that time. Rows named
-`zerokv splits=S block_n=N warps=W` sweep the kernel's launch parameters around its defaults
-(flash_decode.splits_for, BLOCK_N, 4 warps).
+`zerokv stages=T splits=S block_n=N warps=W` sweep the kernel's launch parameters around its
+defaults (flash_decode.STAGES, splits_for, BLOCK_N, 4 warps).
 """
 
 import sys
@@ -46,14 +46,17 @@ def main():
         for key, value in caches:
             torch.ops.triton.sdpa_decode_splitk(query, key, value, None, 0.0, False, scale, True, kv_len=position + 1)
 
-    def zerokv_step(splits, block_n, warps):
+    def zerokv_step(splits, block_n, warps, stages=fd.STAGES):
         def step():
             for key, value in caches:
-                fd.launch(query, key, value, position, scale, out, splits, block_n=block_n, num_warps=warps)
+                fd.launch(query, key, value, position, scale, out, splits, block_n=block_n, num_warps=warps,
+                          stages=stages)
         return step
 
     variants = {"executorch sdpa_decode_splitk": executorch_step,
                 "zerokv (defaults)": zerokv_step(default_splits, fd.BLOCK_N, 4)}
+    for stages in sorted({1, 2, 3, 4} - {fd.STAGES}):
+        variants[f"zerokv stages={stages}"] = zerokv_step(default_splits, fd.BLOCK_N, 4, stages)
     for splits in (default_splits // 2, default_splits * 2):
         variants[f"zerokv splits={splits}"] = zerokv_step(splits, fd.BLOCK_N, 4)
     for block_n, warps in ((32, 2), (64, 2), (128, 4), (128, 8)):

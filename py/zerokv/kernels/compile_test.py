@@ -52,16 +52,27 @@ def _compile(kernel, types, constants, num_warps):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("scale", ["fp32", "fp64"])  # Inductor passes a Python float as float64
 @pytest.mark.parametrize("integers", ["i32", "i64"])  # strides and sizes past 2**31 arrive as i64
-def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers):
-    compiled = _split(dtype, scale, integers, dependent_launch=True)
+@pytest.mark.parametrize("stages", [1, 3])  # the while loop, and the pipelined one
+def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers, stages):
+    compiled = _split(dtype, scale, integers, dependent_launch=True, stages=stages)
     assert ".entry _split_kernel" in compiled.asm["ptx"]
 
 
-def _split(dtype, scale, integers, dependent_launch):
+def test_a_pipelined_sweep_keeps_tiles_in_flight():
+    """Pipelined, the sweep issues the next tiles' loads asynchronously (cp.async) before it waits
+    for this one's; the while loop loads each tile when it gets to it."""
+    assert "cp.async" in _split("bf16", "fp32", "i32", True, stages=3).asm["ptx"]
+    assert "cp.async" not in _split("bf16", "fp32", "i32", True, stages=1).asm["ptx"]
+
+
+def _split(dtype, scale, integers, dependent_launch, stages=fd.STAGES):
     types = {"Q": f"*{dtype}", "K": f"*{dtype}", "V": f"*{dtype}", "partial_out": "*fp32", "partial_max": "*fp32",
              "partial_sum": "*fp32", "Position": "*i64", "scale": scale, "int": integers}
+    # The head dimension's strides are 1, which the launch specializes (and the pipelined loop's
+    # asynchronous copies need: runs of contiguous elements).
     return _compile(fd._split_kernel, types,
-                    {**LLAMA_1B, "BLOCK_N": fd.BLOCK_N, "DEPENDENT_LAUNCH": dependent_launch}, num_warps=4)
+                    {**LLAMA_1B, "BLOCK_N": fd.BLOCK_N, "DEPENDENT_LAUNCH": dependent_launch, "STAGES": stages,
+                     "stride_qd": 1, "stride_kd": 1, "stride_vd": 1}, num_warps=4)
 
 
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
@@ -126,8 +137,8 @@ def _siblings(dtype, integers, biases, dependent_launch, constant_weights=True):
 
 
 def _accesses(ptx):
-    """[(global load or store, whether every path to it from the kernel's entry passes a
-    griddepcontrol.wait)] over the kernel's PTX: its blocks and branches, to a fixed point."""
+    """[(global load, store or asynchronous copy, whether every path to it from the kernel's entry
+    passes a griddepcontrol.wait)] over the kernel's PTX: its blocks and branches, to a fixed point."""
     # One per statement (an inline assembly puts several on a line), the predicate of a
     # conditional one (`@%p1 ld.global...`, `@%p1 bra ...`) kept apart.
     statements = []
@@ -182,7 +193,9 @@ def _accesses(ptx):
         waited = waited_in[index]
         for _, statement in block:
             waited = waited or statement.startswith("griddepcontrol.wait")
-            if statement.startswith(("ld.global", "st.global")):
+            # cp.async.{ca,cg}.shared.global: a pipelined loop's loads ahead, into shared memory.
+            if statement.startswith(("ld.global", "st.global", "cp.async.ca.shared.global",
+                                     "cp.async.cg.shared.global")):
                 accesses.append((statement, waited))
     return accesses
 
@@ -210,11 +223,12 @@ def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_w
     assert any(access.startswith("st.global") for access, _ in accesses)
 
 
-@pytest.mark.parametrize("kernel", ["split", "combine", "matvec", "gated", "siblings"])
+@pytest.mark.parametrize("kernel", ["split", "pipelined split", "combine", "matvec", "gated", "siblings"])
 def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
     """Attention reads what the kernels before write; a product's weights may be computed in the
     step unless zerokv.kernels.constant_weights marked them."""
     compiled = {"split": lambda: _split("bf16", "fp64", "i32", True),
+                "pipelined split": lambda: _split("bf16", "fp64", "i32", True, stages=3),
                 "combine": lambda: _combine("bf16", True),
                 "matvec": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False),
                 "gated": lambda: _matvec("bf16", 8192, "i32", False, True, True, constant_weights=False),
@@ -256,7 +270,7 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
                    partial_sum=rows, Position=torch.empty(1, dtype=torch.int64), capacity=4096, kv_heads=8,
                    stride_qb=2048, stride_qh=64, stride_qd=1, stride_kb=2097152, stride_kh=262144, stride_kn=64,
                    stride_kd=1, stride_vb=2097152, stride_vh=262144, stride_vn=64, stride_vd=1, scale=0.125,
-                   **LLAMA_1B, BLOCK_N=fd.BLOCK_N) == ["partial_max", "partial_out", "partial_sum"]
+                   **LLAMA_1B, BLOCK_N=fd.BLOCK_N, STAGES=fd.STAGES) == ["partial_max", "partial_out", "partial_sum"]
     out = torch.empty(1, 1, 32, 64, dtype=bf16)
     assert written(fd._combine_kernel, partial_out=partial, partial_max=rows, partial_sum=rows, Out=out, kv_heads=8,
                    stride_ob=2048, stride_oh=64, stride_od=1, **LLAMA_1B) == ["Out"]

@@ -43,6 +43,32 @@ BLOCK_N = 64
 # at most positions (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
+# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it. More is Triton's
+# pipelining of the loop (compiled only), which //tools/bench:flash_decode_bench's stages rows time;
+# it has not yet been measured in the decode step.
+STAGES = 1
+
+
+@triton.jit
+def _attend_tile(q, k_base, v_base, tile, end, dims, stride_kn, stride_kd, stride_vn, stride_vd, scale,
+                 running_max, running_sum, weighted, BLOCK_N: tl.constexpr):
+    """The online softmax over one tile of positions from `tile` (below `end`, so the tile's
+    maximum is finite and no exp sees -inf - -inf): the running maximum, sum and weighted sum of V."""
+    positions = tile + tl.arange(0, BLOCK_N)
+    inside = positions < end
+    k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd,
+                mask=inside[:, None], other=0.0)
+    # In float32 whatever `scale` arrives as (Inductor passes a Python float as float64).
+    scores = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)
+    scores = tl.where(inside[None, :], scores, float("-inf"))
+    new_max = tl.maximum(running_max, tl.max(scores, axis=1))
+    weights = tl.exp(scores - new_max[:, None])
+    rescale = tl.exp(running_max - new_max)
+    v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd,
+                mask=inside[:, None], other=0.0)
+    weighted = weighted * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
+    running_sum = running_sum * rescale + tl.sum(weights, axis=1)
+    return new_max, running_sum, weighted
 
 
 @triton.jit
@@ -52,7 +78,8 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
                   stride_vb, stride_vh, stride_vn, stride_vd,
                   scale,
                   SPLITS: tl.constexpr, GROUP: tl.constexpr, BLOCK_G: tl.constexpr,
-                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr):
+                  BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr, DEPENDENT_LAUNCH: tl.constexpr,
+                  STAGES: tl.constexpr):
     # Everything this kernel reads may be written by the kernels before it (the query, the caches'
     # new position): it waits before anything (zerokv.kernels.dependent_launch).
     if DEPENDENT_LAUNCH:
@@ -88,26 +115,22 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     # In 64 bits: a batch of long caches passes 2**31 elements.
     k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
-    # Every tile starts below `end`, so its maximum is finite and no exp sees -inf - -inf. A while
-    # loop, as Triton's interpreter (the CPU test) cannot take a range bounded by loaded values.
-    tile = start
-    while tile < end:
-        positions = tile + tl.arange(0, BLOCK_N)
-        inside = positions < end
-        k = tl.load(k_base + positions[:, None] * stride_kn + dims[None, :] * stride_kd,
-                    mask=inside[:, None], other=0.0)
-        # In float32 whatever `scale` arrives as (Inductor passes a Python float as float64).
-        scores = (tl.dot(q, tl.trans(k)) * scale).to(tl.float32)
-        scores = tl.where(inside[None, :], scores, float("-inf"))
-        new_max = tl.maximum(running_max, tl.max(scores, axis=1))
-        weights = tl.exp(scores - new_max[:, None])
-        rescale = tl.exp(running_max - new_max)
-        v = tl.load(v_base + positions[:, None] * stride_vn + dims[None, :] * stride_vd,
-                    mask=inside[:, None], other=0.0)
-        weighted = weighted * rescale[:, None] + tl.dot(weights.to(v.dtype), v)
-        running_sum = running_sum * rescale + tl.sum(weights, axis=1)
-        running_max = new_max
-        tile += BLOCK_N
+    # The sweep's tiles wait on memory one after another unless Triton pipelines the loop
+    # (STAGES > 1: the next tiles' loads issued before this one's arithmetic). Triton 3.6's
+    # interpreter (the CPU tests) cannot take a range bounded by loaded values: STAGES 1 is a while
+    # loop, which it can.
+    if STAGES > 1:
+        for tile in tl.range(start, end, BLOCK_N, num_stages=STAGES):
+            running_max, running_sum, weighted = _attend_tile(
+                q, k_base, v_base, tile, end, dims, stride_kn, stride_kd, stride_vn, stride_vd, scale,
+                running_max, running_sum, weighted, BLOCK_N)
+    else:
+        tile = start
+        while tile < end:
+            running_max, running_sum, weighted = _attend_tile(
+                q, k_base, v_base, tile, end, dims, stride_kn, stride_kd, stride_vn, stride_vd, scale,
+                running_max, running_sum, weighted, BLOCK_N)
+            tile += BLOCK_N
 
     # A split past the committed length stores max -inf and sum 0: the combine weighs it 0. The
     # padding heads (up to BLOCK_G) are not stored: the combine reads real heads only.
@@ -184,10 +207,16 @@ def splits_for(sequences_times_kv_heads: int, multiprocessors: int) -> int:
     return min(MAX_SPLITS, 1 << (wanted.bit_length() - 1))
 
 
-def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num_warps=4,
+def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num_warps=4, stages=None,
            launcher=lambda kernel: kernel):
     """Runs the two kernels into `out` ([B, 1, H_q, D]). `launcher` wraps each kernel
-    (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n` and `num_warps`."""
+    (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n`, `num_warps` and
+    `stages` (STAGES when None)."""
+    if stages is None:
+        stages = STAGES
+    if stages < 1 or (INTERPRETED and stages > 1):
+        raise FlashDecodeError(f"flash_decode: {stages} stages; the sweep takes 1 or more compiled, 1 under "
+                               f"Triton's interpreter")
     if splits < 1 or splits & (splits - 1):
         raise FlashDecodeError(f"flash_decode: {splits} splits; the combine takes a power of two")
     if block_n < MIN_DOT_SIZE or block_n & (block_n - 1):
@@ -206,7 +235,7 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
         query.stride(0), query.stride(1), query.stride(3),
         *key.stride(), *value.stride(), scale,
         SPLITS=splits, GROUP=group, BLOCK_G=block_g, BLOCK_N=block_n, HEAD_DIM=head_dim,
-        DEPENDENT_LAUNCH=dependent, num_warps=num_warps)
+        DEPENDENT_LAUNCH=dependent, STAGES=stages, num_warps=num_warps)
     launcher(_combine_kernel)[(batch * query_heads,)](
         partial_out, partial_max, partial_sum, out, kv_heads,
         out.stride(0), out.stride(2), out.stride(3),

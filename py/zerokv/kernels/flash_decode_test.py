@@ -19,6 +19,8 @@ from zerokv.kernels.flash_decode_contract import FlashDecodeError  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
 DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16]
+# The interpreter runs the sweep's while loop only; compiled, a pipelined loop too.
+STAGES = [1, 3] if CUDA else [1]
 
 
 def _reference(query, key, value, position, scale):
@@ -39,6 +41,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("stages", STAGES)
 @pytest.mark.parametrize("batch, query_heads, kv_heads, capacity, head_dim, position, splits", [
     (1, 8, 2, 300, 16, 0, 4),        # one position: every split but the first is empty
     (1, 8, 2, 300, 16, 150, 4),      # the last chunk partly filled
@@ -49,7 +52,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
     (1, 4, 1, 64, 16, 63, 1),        # one split: no combine across splits
     (1, 8, 2, 300, 16, 200, 1),      # a split of four tiles, the last partly committed
 ])
-def test_matches_sdpa_over_the_committed_positions(dtype, batch, query_heads, kv_heads, capacity, head_dim,
+def test_matches_sdpa_over_the_committed_positions(dtype, stages, batch, query_heads, kv_heads, capacity, head_dim,
                                                    position, splits):
     query, key, value = _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype)
     # Past the committed positions the cache holds what a longer sequence left: it must not be read.
@@ -57,7 +60,7 @@ def test_matches_sdpa_over_the_committed_positions(dtype, batch, query_heads, kv
     value[:, :, position + 1:] = float("nan")
     scale = head_dim ** -0.5
     out = torch.empty(batch, 1, query_heads, head_dim, device=DEVICE, dtype=dtype)
-    fd.launch(query, key, value, torch.tensor([position], device=DEVICE), scale, out, splits)
+    fd.launch(query, key, value, torch.tensor([position], device=DEVICE), scale, out, splits, stages=stages)
     torch.testing.assert_close(out.float(), _reference(query, key, value, position, scale), rtol=2e-2, atol=2e-2)
 
 
@@ -147,6 +150,15 @@ def test_launch_parameters_the_kernels_cannot_take_are_refused_by_name(splits, b
     out = torch.empty(1, 1, 8, 16, device=DEVICE, dtype=torch.float16)
     with pytest.raises(FlashDecodeError, match=f"flash_decode: {named}"):
         fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, splits, block_n=block_n)
+
+
+@pytest.mark.parametrize("stages", [0] + ([2] if INTERPRET else []))
+def test_stages_the_sweep_cannot_take_are_refused_by_name(stages):
+    query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
+    out = torch.empty(1, 1, 8, 16, device=DEVICE, dtype=torch.float16)
+    with pytest.raises(FlashDecodeError, match=f"flash_decode: {stages} stages; the sweep takes 1 or more compiled, "
+                                               "1 under Triton's interpreter"):
+        fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, 4, stages=stages)
 
 
 @pytest.mark.skipif(not CUDA, reason="the operator's kernels compiled for CUDA: under the interpreter or without CUDA")
