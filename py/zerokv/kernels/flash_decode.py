@@ -207,13 +207,11 @@ def splits_for(sequences_times_kv_heads: int, multiprocessors: int) -> int:
     return min(MAX_SPLITS, 1 << (wanted.bit_length() - 1))
 
 
-def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num_warps=4, stages=None,
+def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num_warps=4, stages=STAGES,
            launcher=lambda kernel: kernel):
     """Runs the two kernels into `out` ([B, 1, H_q, D]). `launcher` wraps each kernel
     (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n`, `num_warps` and
-    `stages` (STAGES when None)."""
-    if stages is None:
-        stages = STAGES
+    `stages`."""
     if stages < 1 or (INTERPRETED and stages > 1):
         raise FlashDecodeError(f"flash_decode: {stages} stages; the sweep takes 1 or more compiled, 1 under "
                                f"Triton's interpreter")
