@@ -266,11 +266,12 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
                    CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
-    assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
-                   partial_sum=rows, Position=torch.empty(1, dtype=torch.int64), capacity=4096, kv_heads=8,
-                   stride_qb=2048, stride_qh=64, stride_qd=1, stride_kb=2097152, stride_kh=262144, stride_kn=64,
-                   stride_kd=1, stride_vb=2097152, stride_vh=262144, stride_vn=64, stride_vd=1, scale=0.125,
-                   **LLAMA_1B, BLOCK_N=fd.BLOCK_N, STAGES=fd.STAGES) == ["partial_max", "partial_out", "partial_sum"]
+    for stages in (1, 3):  # the while loop, and the pipelined one
+        assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
+                       partial_sum=rows, Position=torch.empty(1, dtype=torch.int64), capacity=4096, kv_heads=8,
+                       stride_qb=2048, stride_qh=64, stride_qd=1, stride_kb=2097152, stride_kh=262144, stride_kn=64,
+                       stride_kd=1, stride_vb=2097152, stride_vh=262144, stride_vn=64, stride_vd=1, scale=0.125,
+                       **LLAMA_1B, BLOCK_N=fd.BLOCK_N, STAGES=stages) == ["partial_max", "partial_out", "partial_sum"]
     out = torch.empty(1, 1, 32, 64, dtype=bf16)
     assert written(fd._combine_kernel, partial_out=partial, partial_max=rows, partial_sum=rows, Out=out, kv_heads=8,
                    stride_ob=2048, stride_oh=64, stride_od=1, **LLAMA_1B) == ["Out"]
