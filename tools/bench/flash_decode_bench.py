@@ -23,7 +23,9 @@ SHAPE = SHAPES["llama-3.2-1b"]
 QUERY_HEADS, KV_HEADS, HEAD_DIM = SHAPE["num_attention_heads"], SHAPE["num_key_value_heads"], SHAPE["head_dim"]
 LAYERS = SHAPE["num_hidden_layers"]
 CAPACITY = 32768
-COMMITTED = [256, 1024, 4096, 8192, 16384]
+# Multiples of the splits' tiles and one past them: the 1B step at position 4096 commits 4097, where
+# one split reads a tile more than the others.
+COMMITTED = [256, 1024, 4096, 4097, 8192, 8193, 16384, 16385]
 REPLAYS = 50
 
 
