@@ -43,9 +43,9 @@ BLOCK_N = 64
 # at most positions (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
-# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it. More is Triton's
-# pipelining of the loop (compiled only), which //tools/bench:flash_decode_bench's stages rows time;
-# it has not yet been measured in the decode step.
+# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it (the while loop
+# the decode step's measurements ran). More is Triton's pipelining of a tl.range loop, which
+# //tools/bench:flash_decode_bench's stages rows time; it has not yet been measured in the step.
 STAGES = 1
 
 
@@ -116,9 +116,7 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # The sweep's tiles wait on memory one after another unless Triton pipelines the loop
-    # (STAGES > 1: the next tiles' loads issued before this one's arithmetic). Triton 3.6's
-    # interpreter (the CPU tests) cannot take a range bounded by loaded values: STAGES 1 is a while
-    # loop, which it can.
+    # (STAGES > 1: the next tiles' loads issued before this one's arithmetic).
     if STAGES > 1:
         for tile in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             running_max, running_sum, weighted = _attend_tile(
@@ -212,9 +210,8 @@ def launch(query, key, value, position, scale, out, splits, block_n=BLOCK_N, num
     """Runs the two kernels into `out` ([B, 1, H_q, D]). `launcher` wraps each kernel
     (`wrap_triton` when traced); //tools/bench:flash_decode_bench sweeps `block_n`, `num_warps` and
     `stages`."""
-    if stages < 1 or (INTERPRETED and stages > 1):
-        raise FlashDecodeError(f"flash_decode: {stages} stages; the sweep takes 1 or more compiled, 1 under "
-                               f"Triton's interpreter")
+    if stages < 1:
+        raise FlashDecodeError(f"flash_decode: {stages} stages; the sweep takes 1 or more")
     if splits < 1 or splits & (splits - 1):
         raise FlashDecodeError(f"flash_decode: {splits} splits; the combine takes a power of two")
     if block_n < MIN_DOT_SIZE or block_n & (block_n - 1):

@@ -18,9 +18,10 @@ from zerokv.kernels import flash_decode as fd  # noqa: E402  (Triton: the venv p
 from zerokv.kernels.flash_decode_contract import FlashDecodeError  # noqa: E402
 
 DEVICE = "cuda" if CUDA else "cpu"
+# Triton 3.6's interpreter converts a pipelined loop's loaded bound with int(), which NumPy deprecates
+# (triton-lang/triton#9171; the venv keeps NumPy below 2.4, where it became an error).
+pytestmark = pytest.mark.filterwarnings("ignore:Conversion of an array with ndim > 0 to a scalar:DeprecationWarning")
 DTYPES = [torch.bfloat16, torch.float16] if CUDA else [torch.float16]
-# The interpreter runs the sweep's while loop only; compiled, a pipelined loop too.
-STAGES = [1, 3] if CUDA else [1]
 
 
 def _reference(query, key, value, position, scale):
@@ -41,7 +42,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("stages", STAGES)
+@pytest.mark.parametrize("stages", [1, 3])  # the while loop, and the pipelined one
 @pytest.mark.parametrize("batch, query_heads, kv_heads, capacity, head_dim, position, splits", [
     (1, 8, 2, 300, 16, 0, 4),        # one position: every split but the first is empty
     (1, 8, 2, 300, 16, 150, 4),      # the last chunk partly filled
@@ -152,12 +153,11 @@ def test_launch_parameters_the_kernels_cannot_take_are_refused_by_name(splits, b
         fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, splits, block_n=block_n)
 
 
-@pytest.mark.parametrize("stages", [0] + ([2] if INTERPRET else []))
+@pytest.mark.parametrize("stages", [0, -1])
 def test_stages_the_sweep_cannot_take_are_refused_by_name(stages):
     query, key, value = _inputs(1, 8, 2, 32, 16, torch.float16)
     out = torch.empty(1, 1, 8, 16, device=DEVICE, dtype=torch.float16)
-    with pytest.raises(FlashDecodeError, match=f"flash_decode: {stages} stages; the sweep takes 1 or more compiled, "
-                                               "1 under Triton's interpreter"):
+    with pytest.raises(FlashDecodeError, match=f"flash_decode: {stages} stages; the sweep takes 1 or more"):
         fd.launch(query, key, value, torch.tensor([3], device=DEVICE), 0.25, out, 4, stages=stages)
 
 
