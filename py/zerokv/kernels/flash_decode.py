@@ -116,7 +116,9 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     k_base = K + sequence.to(tl.int64) * stride_kb + kv_head.to(tl.int64) * stride_kh
     v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # The sweep's tiles wait on memory one after another unless Triton pipelines the loop
-    # (STAGES > 1: the next tiles' loads issued before this one's arithmetic).
+    # (STAGES > 1: the next tiles' loads issued before this one's arithmetic). STAGES 1 keeps the
+    # while loop: a one-stage tl.range compiles to other instructions than the loop the decode
+    # step's figures were measured with.
     if STAGES > 1:
         for tile in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             running_max, running_sum, weighted = _attend_tile(
