@@ -52,7 +52,7 @@ def _compile(kernel, types, constants, num_warps):
 @pytest.mark.parametrize("dtype", ["bf16", "fp16"])
 @pytest.mark.parametrize("scale", ["fp32", "fp64"])  # Inductor passes a Python float as float64
 @pytest.mark.parametrize("integers", ["i32", "i64"])  # strides and sizes past 2**31 arrive as i64
-@pytest.mark.parametrize("stages", [1, 2])  # the while loop, and the pipelined one (STAGES)
+@pytest.mark.parametrize("stages", [1, 3])  # the while loop, and the pipelined one
 def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers, stages):
     compiled = _split(dtype, scale, integers, dependent_launch=True, stages=stages)
     assert ".entry _split_kernel" in compiled.asm["ptx"]
@@ -61,7 +61,7 @@ def test_the_split_kernel_compiles_for_the_h200(dtype, scale, integers, stages):
 def test_a_pipelined_sweep_keeps_tiles_in_flight():
     """Pipelined, the sweep issues the next tiles' loads asynchronously (cp.async) before it waits
     for this one's; the while loop loads each tile when it gets to it."""
-    assert "cp.async" in _split("bf16", "fp32", "i32", True, stages=2).asm["ptx"]
+    assert "cp.async" in _split("bf16", "fp32", "i32", True, stages=3).asm["ptx"]
     assert "cp.async" not in _split("bf16", "fp32", "i32", True, stages=1).asm["ptx"]
 
 
@@ -227,8 +227,8 @@ def test_a_product_of_constant_weights_reads_only_its_first_weights_before_its_w
 def test_attention_and_other_products_read_nothing_before_their_wait(kernel):
     """Attention reads what the kernels before write; a product's weights may be computed in the
     step unless zerokv.kernels.constant_weights marked them."""
-    compiled = {"split": lambda: _split("bf16", "fp64", "i32", True, stages=1),
-                "pipelined split": lambda: _split("bf16", "fp64", "i32", True, stages=2),
+    compiled = {"split": lambda: _split("bf16", "fp64", "i32", True),
+                "pipelined split": lambda: _split("bf16", "fp64", "i32", True, stages=3),
                 "combine": lambda: _combine("bf16", True),
                 "matvec": lambda: _matvec("bf16", 2048, "i32", True, False, True, constant_weights=False),
                 "gated": lambda: _matvec("bf16", 8192, "i32", False, True, True, constant_weights=False),
@@ -266,7 +266,7 @@ def test_inductor_sees_each_kernel_write_its_outputs_only(_an_h200_for_triton, d
                    CONSTANT_WEIGHTS=constant_weights) == ["Y0", "Y1", "Y2"]
     query, cache = torch.empty(1, 32, 1, 64, dtype=bf16), torch.empty(1, 8, 4096, 64, dtype=bf16)
     partial, rows = torch.empty(64 * 8 * 16, 64, dtype=fp32), torch.empty(64 * 8 * 16, dtype=fp32)
-    for stages in (1, 2):  # the while loop, and the pipelined one (STAGES)
+    for stages in (1, 3):  # the while loop, and the pipelined one
         assert written(fd._split_kernel, Q=query, K=cache, V=cache, partial_out=partial, partial_max=rows,
                        partial_sum=rows, Position=torch.empty(1, dtype=torch.int64), capacity=4096, kv_heads=8,
                        stride_qb=2048, stride_qh=64, stride_qd=1, stride_kb=2097152, stride_kh=262144, stride_kn=64,

@@ -43,12 +43,10 @@ BLOCK_N = 64
 # at most positions (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
-# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it (a while loop);
-# more is Triton's pipelining of a tl.range loop, which issues a tile's K and V loads together and
-# the next tile's before this one's arithmetic. In the 1B decode step on the H200, 2 made the bare
-# engine 0.8-3.0% faster than 1, and 3 no faster than 2
-# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md).
-STAGES = 2
+# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it (the while loop
+# the decode step's measurements ran). More is Triton's pipelining of a tl.range loop, which
+# //tools/bench:flash_decode_bench's stages rows time; it has not yet been measured in the step.
+STAGES = 1
 
 
 @triton.jit

@@ -42,7 +42,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("stages", [1, 2])  # the while loop, and the pipelined one (STAGES)
+@pytest.mark.parametrize("stages", [1, 3])  # the while loop, and the pipelined one
 @pytest.mark.parametrize("batch, query_heads, kv_heads, capacity, head_dim, position, splits", [
     (1, 8, 2, 300, 16, 0, 4),        # one position: every split but the first is empty
     (1, 8, 2, 300, 16, 150, 4),      # the last chunk partly filled
