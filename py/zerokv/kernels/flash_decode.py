@@ -43,10 +43,12 @@ BLOCK_N = 64
 # at most positions (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md).
 BLOCKS_PER_SM = 4
 MAX_SPLITS = 128
-# Tiles of the sweep in flight at once: 1 loads each tile when the sweep gets to it (the while loop
-# the decode step's measurements ran). More is Triton's pipelining of a tl.range loop, which
-# //tools/bench:flash_decode_bench's stages rows time; it has not yet been measured in the step.
-STAGES = 1
+# Tiles of a split's sweep in flight at once: Triton pipelines the tl.range loop, issuing the next
+# tiles' loads before this one's arithmetic. In three alternating A/Bs of the 1B decode step on the
+# H200, 3 against 1 (the while loop) made the static step 0.6-2.9% faster (medians over the calls)
+# and the bare engine 2.2% faster at 16384, with no consistent difference up to 8192
+# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md).
+STAGES = 3
 
 
 @triton.jit
@@ -117,8 +119,8 @@ def _split_kernel(Q, K, V, partial_out, partial_max, partial_sum, Position, capa
     v_base = V + sequence.to(tl.int64) * stride_vb + kv_head.to(tl.int64) * stride_vh
     # The sweep's tiles wait on memory one after another unless Triton pipelines the loop
     # (STAGES > 1: the next tiles' loads issued before this one's arithmetic). STAGES 1 keeps the
-    # while loop: a one-stage tl.range compiles to other instructions than the loop the decode
-    # step's figures were measured with.
+    # while loop that the roofline table (9c9a669) and the A/Bs' baselines ran: a one-stage
+    # tl.range compiles to other instructions.
     if STAGES > 1:
         for tile in tl.range(start, end, BLOCK_N, num_stages=STAGES):
             running_max, running_sum, weighted = _attend_tile(

@@ -52,6 +52,7 @@ def _inputs(batch, query_heads, kv_heads, capacity, head_dim, dtype, seed=0):
     (1, 32, 8, 1000, 64, 999, 32),   # Llama-3.2-1B's heads
     (1, 4, 1, 64, 16, 63, 1),        # one split: no combine across splits
     (1, 8, 2, 300, 16, 200, 1),      # a split of four tiles, the last partly committed
+    (1, 8, 2, 500, 16, 420, 2),      # 7 tiles for 2 splits: 4 and 3, the last partly committed
 ])
 def test_matches_sdpa_over_the_committed_positions(dtype, stages, batch, query_heads, kv_heads, capacity, head_dim,
                                                    position, splits):
