@@ -6,7 +6,8 @@
 # of a few percent is measured. With the trees always in one order, the one timed after the baseline
 # measured 0.5-1.0% faster where the two trees' kernels did the same work
 # (tools/bench/results/h200/balanced_tiles_ab_9c9a669.md), so each round starts one tree later than
-# the round before (A B, B A, ...) and every tree is timed in every place as often.
+# the round before (A B, B A, ...); with ROUNDS a multiple of the trees, every tree is timed in
+# every place as often.
 # Two copies of one source, each exported on its own (Inductor tunes its kernels on the device at
 # each export), differed by 0.4-0.7% (bare engine) and up to 1.6% (static step)
 # (tools/bench/results/h200/pipelined_sweep_ab_1839272.md): a copy of BASELINE among the OTHERs
