@@ -40,7 +40,8 @@
 // cudaFreeAsync returns memory to the device's pool, and the pool gives what it holds unused back
 // to the system at the next synchronization (its release threshold is 0 by default): the growth
 // step's own end, for every layer at once. (On the H200, with the release moved out of it, the 1B
-// bench's slowest growth step went from 2.06-2.2x the median step to 1.62x, on other loans: README.)
+// bench's slowest growth step went from 2.06-2.2x the median step to 1.62x, on other loans:
+// tools/bench/decode_roofline_notes.md.)
 // ReleaseRetired, in a later step, releases it (the delegate: one cache per step); the next growth
 // and the cache's destruction release what is still retired. It costs memory too: the old
 // capacity, held from the growth until then, and counted in bytes_reserved.
