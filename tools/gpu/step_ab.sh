@@ -10,26 +10,29 @@
 # every place as often.
 # Two copies of one source, each exported on its own (Inductor tunes its kernels on the device at
 # each export), differed by 0.4-0.7% (bare engine) and up to 1.6% (static step)
-# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md): a copy of BASELINE among the OTHERs
-# shows that floor in the same call.
-#   bash tools/gpu/step_ab.sh [-n] [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md): -c shows that floor in the same call.
+#   bash tools/gpu/step_ab.sh [-c] [-n] [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+# -c: time a copy of BASELINE as well, made on the GPU machine, named after the OTHERs.
 # -n: print each round's order and stop, having checked the arguments.
 # BASELINE and each OTHER: another copy of the repository, at or after the commit that gave
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
 # before the device call, with carry [".gpu"]). The trees are named A (BASELINE), B (this tree), then
-# C, D... (the OTHERs, in order). Builds the runner as tools/gpu/run.sh does, exports each tree's
+# C, D... (the OTHERs, in order). No tree may be given twice, nor this one: one tree's exports at
+# once would write its generated files at once. Builds the runner as tools/gpu/run.sh does, exports each tree's
 # static program in parallel (the reference logits once, from this tree), then runs decode_roofline
 # (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, at the POSITIONs
 # (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
 # ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
 # run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
 set -euo pipefail
-usage="usage: step_ab.sh [-n] [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
+usage="usage: step_ab.sh [-c] [-n] [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
 rounds=3
 positions="256 1024 4096 8192"
 plan_only=false
-while getopts "nr:p:" option; do
+copy_baseline=false
+while getopts "cnr:p:" option; do
   case $option in
+    c) copy_baseline=true ;;
     n) plan_only=true ;;
     r) rounds=$OPTARG ;;
     p) positions=$OPTARG ;;
@@ -40,19 +43,31 @@ shift $((OPTIND - 1))
 (($#)) || { echo "$usage" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
 [[ $positions =~ ^[0-9]+( [0-9]+)*$ ]] || { echo "step_ab: POSITIONs '$positions' are not whole numbers" >&2; exit 2; }
-root=$(cd "$(dirname "$0")/../.." && pwd)
+root=$(realpath "$(dirname "$0")/../..")
 labels=(A C D E F G H)  # B is this tree
-(($# <= ${#labels[@]})) || { echo "step_ab: $# trees besides this one; at most ${#labels[@]}" >&2; exit 2; }
+others=$#
+$copy_baseline && others=$((others + 1))
+((others <= ${#labels[@]})) || { echo "step_ab: $others trees besides this one; at most ${#labels[@]}" >&2; exit 2; }
 declare -A trees=([B]=$root)
 for ((index = 0; index < $#; index++)); do
   tree=${*:index + 1:1}
   [ -d "$tree" ] || { echo "step_ab: tree '$tree' is not a folder" >&2; exit 2; }
   tree=$(realpath "$tree")
+  [ "$tree" != "$root" ] || { echo "step_ab: $tree is this tree, B, which is timed anyway" >&2; exit 2; }
   [ -f "$tree/tools/bench/decode_roofline_programs.py" ] || { echo "step_ab: $tree is not a copy of the repository" >&2; exit 2; }
   grep -q -- "--programs" "$tree/tools/bench/decode_roofline_programs.py" ||
     { echo "step_ab: $tree's decode_roofline_programs.py has no --programs: take a later copy" >&2; exit 2; }
+  for name in "${!trees[@]}"; do
+    [ "${trees[$name]}" != "$tree" ] ||
+      { echo "step_ab: $tree is given twice (as $name too): -c times a copy of BASELINE" >&2; exit 2; }
+  done
   trees[${labels[index]}]=$tree
 done
+work=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/step_ab
+if $copy_baseline; then
+  copy=${labels[$#]}
+  trees[$copy]=$work/copy_of_A
+fi
 order=$(printf "%s\n" "${!trees[@]}" | sort | tr "\n" " ")
 order=${order% }
 read -r -a names <<<"$order"
@@ -66,8 +81,11 @@ if $plan_only; then
   exit 0
 fi
 start=$SECONDS
-work=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/step_ab
 rm -rf "$work" && mkdir -p "$work/runs"
+if $copy_baseline; then
+  cp -a "${trees[A]}" "$work/copy_of_A"
+  echo "[step_ab] $copy is a copy of A"
+fi
 
 echo "[step_ab] building the runner"
 GPU_TESTS=none ROOFLINE_POSITIONS="" DECODE_ROOFLINE_PHASES=none OUT="$work" bash "$root/tools/gpu/run.sh" >"$work/build.log" 2>&1 ||

@@ -1,14 +1,16 @@
 #!/bin/bash
-# step_ab.sh refuses a bad tree, ROUNDS or POSITION by name, before it builds, deletes or exports anything,
-# and starts each round one tree later than the round before.
+# step_ab.sh refuses a bad tree, a tree given twice, ROUNDS or POSITION by name, before it builds, deletes or
+# exports anything, and starts each round one tree later than the round before; -c adds a tree.
 set -uo pipefail
 step_ab=$1
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
 export ZEROKV_GPU_DIR=$tmp/gpu
-mkdir -p "$ZEROKV_GPU_DIR/step_ab" "$tmp/not_a_copy" "$tmp/old/tools/bench" "$tmp/new/tools/bench"
+mkdir -p "$ZEROKV_GPU_DIR/step_ab" "$tmp/not_a_copy" "$tmp/old/tools/bench" "$tmp/new/tools/bench" "$tmp/new2/tools/bench"
 touch "$ZEROKV_GPU_DIR/step_ab/kept"
 echo 'parser.add_argument("--linear")' >"$tmp/old/tools/bench/decode_roofline_programs.py"
 echo 'parser.add_argument("--programs")' >"$tmp/new/tools/bench/decode_roofline_programs.py"
+cp "$tmp/new/tools/bench/decode_roofline_programs.py" "$tmp/new2/tools/bench/"
+this_tree=$(realpath "$(dirname "$step_ab")/../..")
 failures=0
 refuses() {  # what the message must say, then step_ab's arguments
   local expected=$1
@@ -21,8 +23,8 @@ refuses() {  # what the message must say, then step_ab's arguments
     failures=$((failures + 1))
   fi
 }
-refuses "usage: step_ab.sh [-n] [-r ROUNDS]"
-refuses "usage: step_ab.sh [-n] [-r ROUNDS]" -x "$tmp/new"
+refuses "usage: step_ab.sh [-c] [-n] [-r ROUNDS]"
+refuses "usage: step_ab.sh [-c] [-n] [-r ROUNDS]" -x "$tmp/new"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/missing"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/new" "$tmp/missing"
 refuses "$tmp/not_a_copy is not a copy of the repository" "$tmp/not_a_copy"
@@ -31,6 +33,10 @@ refuses "ROUNDS 'x' is not a positive whole number" -r x "$tmp/new"
 refuses "ROUNDS '0' is not a positive whole number" -r 0 "$tmp/new"
 refuses "POSITIONs '256 x' are not whole numbers" -p "256 x" "$tmp/new"
 refuses "8 trees besides this one; at most 7" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
+refuses "8 trees besides this one; at most 7" -c "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
+# Two exports of one tree at once would write its generated files at once.
+refuses "$tmp/new is given twice (as A too): -c times a copy of BASELINE" "$tmp/new" "$tmp/new2" "$tmp/new"
+refuses "$this_tree is this tree, B, which is timed anyway" "$this_tree"
 plans() {  # the plan it must print, then step_ab's arguments
   local expected=$1
   shift
@@ -42,7 +48,9 @@ plans() {  # the plan it must print, then step_ab's arguments
   fi
 }
 plans $'round 1: A B\nround 2: B A\nround 3: A B\nround 4: B A' -r 4 "$tmp/new"
-plans $'round 1: A B C\nround 2: B C A\nround 3: C A B\nround 4: A B C' -r 4 "$tmp/new" "$tmp/new"
+plans $'round 1: A B C\nround 2: B C A\nround 3: C A B\nround 4: A B C' -r 4 "$tmp/new" "$tmp/new2"
+plans $'round 1: A B C\nround 2: B C A\nround 3: C A B' -c "$tmp/new"
+plans $'round 1: A B C D\nround 2: B C D A\nround 3: C D A B' -c "$tmp/new" "$tmp/new2"
 plans $'round 1: A B\nround 2: B A\nround 3: A B' "$tmp/new"
 [ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
 exit $((failures > 0))
