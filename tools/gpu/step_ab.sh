@@ -18,9 +18,9 @@
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
 # before the device call, with carry [".gpu"]). The trees are named A (BASELINE), B (this tree), then
 # C, D... (the OTHERs, in order). No tree may be given twice, nor this one: one tree's exports at
-# once would write its generated files at once. Builds the runner as tools/gpu/run.sh does, exports each tree's
-# static program in parallel (the reference logits once, from this tree), then runs decode_roofline
-# (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, at the POSITIONs
+# once would write its generated files at once. Builds the runner as tools/gpu/run.sh does, exports
+# each tree's static program in parallel (the reference logits once, from this tree), then runs
+# decode_roofline (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, at the POSITIONs
 # (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
 # ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
 # run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
