@@ -5,9 +5,9 @@
 
 The step is the static-cache program of decode_roofline_programs.py (zerokv's decode kernels,
 bfloat16), compiled with the Inductor options and graph pass the zerokv engine uses
-(coordinate-descent tuning, sibling one-token products in one launch) by torch.compile instead of
-AOTInductor: the same lowering, loaded in Python, where the PyTorch
-profiler sees each kernel. It is captured as one CUDA graph and replayed at each POSITION.
+(zerokv.aoti.compile.inductor_options with coordinate-descent tuning, sibling one-token products
+in one launch) by torch.compile instead of AOTInductor: the same lowering, loaded in Python, where
+the PyTorch profiler sees each kernel. It is captured as one CUDA graph and replayed at each POSITION.
 
 Writes OUT (markdown): per position, the graph replay's median ms and the kernels' time per step;
 at --detail, every kernel with its launches per step and its time (CUDA events and the profiler on
@@ -41,13 +41,14 @@ def _as_the_engine_compiles(graph_module, example_inputs):
     CUDA graph has no programmatic edges: those are the engine's."""
     from torch._inductor.compile_fx import compile_fx
 
+    from zerokv.aoti.compile import inductor_options
     from zerokv.kernels.constant_weights import mark_constant_weights
     from zerokv.kernels.sibling_matvecs import group_sibling_matvecs
 
     if group_sibling_matvecs(graph_module.graph) + mark_constant_weights(graph_module.graph):
         graph_module.recompile()
-    return compile_fx(graph_module, example_inputs,
-                      config_patches={"coordinate_descent_tuning": True, "triton.cudagraphs": False})
+    options = inductor_options(torch.device("cuda"), coordinate_descent_tuning=True)
+    return compile_fx(graph_module, example_inputs, config_patches={**options, "triton.cudagraphs": False})
 
 
 def _graph(compiled, token, position):

@@ -26,6 +26,12 @@ sharing a weight (prefill and decode) share one entry. The C++ engine hands the 
 the package (AOTIModelPackageLoader::load_constants, user-managed): no weight is copied into the
 package, the blob or a temporary file.
 
+Combined launches. A CUDA package is compiled with Inductor's combo kernels: kernels that do not
+depend on one another run as one launch, each in its own range of programs. In a decoder's step
+the query's rotary embedding, the key's with its cache write and the value's cache write are one
+kernel a layer instead of three, each of which waited on memory for the one before it: on the H200
+the 1B step's bare engine was 3-4% faster (tools/bench/results/h200/combo_kernels_ab_9205014.md).
+
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
 value projections) are handed to AOTInductor as one zerokv::matvec_siblings launch
 (zerokv.kernels.sibling_matvecs): the same values, in fewer launches.
@@ -158,9 +164,7 @@ def compile_aoti(
                     "aot_inductor.package_constants_in_so": False,
                     # Returns the constants AOTInductor keeps, by FQN, instead of writing them anywhere.
                     "aot_inductor.package_constants_on_disk_format": "pickle_weights",
-                    "coordinate_descent_tuning": coordinate_descent_tuning,
-                    "triton.unique_user_kernel_names": False,
-                    "triton.enable_pdl": dependent_launch.supported(torch_device),
+                    **inductor_options(torch_device, coordinate_descent_tuning),
                 },
             )
         if unanalyzed:
@@ -178,6 +182,17 @@ def compile_aoti(
             build.payload = package.read()
     check_packaged_metadata(build.payload, metadata)
     return build
+
+
+def inductor_options(device: torch.device, coordinate_descent_tuning: bool) -> dict:
+    """How Inductor compiles the kernels of a package for `device` (what compile_aoti adds to where
+    AOTInductor writes the package)."""
+    return {
+        "coordinate_descent_tuning": coordinate_descent_tuning,
+        "triton.unique_user_kernel_names": False,
+        "triton.enable_pdl": dependent_launch.supported(device),
+        "combo_kernels": device.type == "cuda",
+    }
 
 
 def package_metadata(bindings, aliased_io, device: torch.device, cuda_graph: bool,

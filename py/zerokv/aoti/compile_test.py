@@ -134,6 +134,21 @@ def test_inductors_kernels_have_its_pdl_code_where_they_may_launch_early(monkeyp
     assert isinstance(torch._inductor.config.triton.enable_pdl, bool)  # an option of this torch's Inductor
 
 
+@pytest.mark.parametrize("device, combined", [("cuda", True), ("cpu", False)])
+def test_a_cuda_package_combines_independent_kernels_into_one_launch(monkeypatch, device, combined):
+    """Inductor's combo kernels, for the Triton kernels of CUDA packages (a decoder's rotary embeddings
+    and cache writes, one launch a layer)."""
+    from zerokv.aoti.compile import inductor_options
+
+    monkeypatch.setattr(dependent_launch, "supported", lambda device: False)  # asks the device otherwise
+    options = inductor_options(torch.device(device), coordinate_descent_tuning=False)
+    assert options["combo_kernels"] is combined
+    for name, value in options.items():  # each an option of this torch's Inductor, of the type it takes
+        section, _, key = name.rpartition(".")
+        assert isinstance(getattr(getattr(torch._inductor.config, section) if section else torch._inductor.config, key),
+                          type(value)), name
+
+
 def test_kernels_named_while_aotinductor_compiles_are_in_the_metadata_it_writes(monkeypatch):
     """compile_aoti names Inductor's kernels in the package's metadata as Inductor defines them,
     before AOTInductor writes that metadata from its configuration; nothing outlives the compile.

@@ -25,7 +25,11 @@ kernel signals as it starts, but the Inductor kernel after it waits before any a
 //py/zerokv/aoti:inductor_kernels_gpu_test checks both in the GPU machine's Inductor. A kernel
 behind such an edge must wait somewhere: one that did not could end before the kernel it follows,
 and the kernel after it, launched at its end, would not be ordered after that one. So
-waiting_inductor_kernels names only the kernels that wait, and signal after it. Templates
+waiting_inductor_kernels names only the kernels that wait, and signal after it. A combo kernel
+(compile_aoti compiles with them) runs each of the kernels it combines in a branch on the program's
+id, and each branch waits and signals on its own: one is named only if every branch that signals
+waits first and one branch at least waits (its programs are then still running when the kernel it
+follows ends, and the kernel after it launches once every program has signalled or ended). Templates
 (triton_tem_, Inductor's matrix products) have no PDL code. With Inductor's kernels behind such
 edges too, the 1B step's bare engine was another 3-6% faster.
 
@@ -38,6 +42,7 @@ do nothing.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import torch
@@ -48,6 +53,9 @@ KERNELS = ("_matvec_kernel", "_siblings_kernel", "_split_kernel", "_combine_kern
 # they compute.
 INDUCTOR_KINDS = ("triton_poi_", "triton_red_", "triton_per_")
 MIN_CAPABILITY = (9, 0)
+# How a combo kernel starts the branch of each kernel it combines: `if pid < num_xblocks_0:`, then
+# `elif pid < num_xblocks_1:`...
+_COMBO_BRANCH = re.compile(r"^\s*(?:el)?if pid\b")
 
 
 def supported(device: torch.device) -> bool:
@@ -60,13 +68,25 @@ def waiting_inductor_kernels(sources: Mapping[str, str]) -> tuple[str, ...]:
     """Of Inductor's kernels ({name: Triton source}), the pointwise and reduction ones that wait for
     the kernel before them, and signal the kernel after them only after that wait."""
     def waits_first(source):
-        lines = source.splitlines()
-        wait = next((i for i, line in enumerate(lines) if "gdc_wait(" in line), None)
-        signal = next((i for i, line in enumerate(lines) if "gdc_launch_dependents(" in line), None)
-        return wait is not None and (signal is None or wait < signal)
+        waits, signals = [], []
+        for lines in branches(source):
+            waits.append(next((i for i, line in enumerate(lines) if "gdc_wait(" in line), None))
+            signals.append(next((i for i, line in enumerate(lines) if "gdc_launch_dependents(" in line), None))
+        return any(wait is not None for wait in waits) and all(
+            signal is None or (wait is not None and wait < signal) for wait, signal in zip(waits, signals))
 
     return tuple(sorted(name for name, source in sources.items()
                         if name.startswith(INDUCTOR_KINDS) and waits_first(source)))
+
+
+def branches(source: str) -> list[list[str]]:
+    """A Triton kernel's source as the lines its programs may run: the whole of it, or for a combo
+    kernel each branch after the lines before the first."""
+    lines = source.splitlines()
+    starts = [i for i, line in enumerate(lines) if _COMBO_BRANCH.match(line)]
+    if not starts:
+        return [lines]
+    return [lines[:starts[0]] + lines[start:end] for start, end in zip(starts, starts[1:] + [len(lines)])]
 
 
 def early_kernels(device: torch.device, inductor_sources: Mapping[str, str]) -> tuple[str, ...]:
