@@ -145,8 +145,8 @@ def test_a_cuda_package_combines_independent_kernels_into_one_launch(monkeypatch
     assert options["combo_kernels"] is combined
     for name, value in options.items():  # each an option of this torch's Inductor, of the type it takes
         section, _, key = name.rpartition(".")
-        assert isinstance(getattr(getattr(torch._inductor.config, section) if section else torch._inductor.config, key),
-                          type(value)), name
+        config = getattr(torch._inductor.config, section) if section else torch._inductor.config
+        assert isinstance(getattr(config, key), type(value)), name
 
 
 def test_kernels_named_while_aotinductor_compiles_are_in_the_metadata_it_writes(monkeypatch):

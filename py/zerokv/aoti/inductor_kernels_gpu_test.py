@@ -3,9 +3,9 @@ checked in this torch's Inductor: compiled with its PDL code (triton.enable_pdl)
 launched right after a zerokv kernel waits before its first load or store, and every Inductor
 kernel signals the kernel after it only after its wait, each branch of a combo kernel as well (with
 the options compile_aoti compiles with); and kernel_sources_recorded sees every kernel Inductor
-launches. Inductor writes PDL code only for sm_90 and later, so the test needs such
-a GPU. And this torch's warning that it could not analyze a user kernel reaches
-kernel_analysis_failures (compile_test checks the refusal under the CPU machine's torch)."""
+launches. Inductor writes PDL code only for sm_90 and later, so the test needs such a GPU. And this
+torch's warning that it could not analyze a user kernel reaches kernel_analysis_failures
+(compile_test checks the refusal under the CPU machine's torch)."""
 
 import re
 
