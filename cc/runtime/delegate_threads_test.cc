@@ -158,11 +158,16 @@ TEST(DelegateThreadsTest, ResetsRacingStepsLandBetweenThem) {
   Instance instance(key, sequence, &record);
   ASSERT_TRUE(instance.status.ok()) << instance.status.message();
 
-  std::atomic<bool> done{false};
+  std::atomic<bool> started{false}, done{false};
   int resets = 0, refused_resets = 0;
   std::thread resetter([&] {
-    while (!done) (sequence->Reset().ok() ? resets : refused_resets) += 1;
+    while (!done) {
+      (sequence->Reset().ok() ? resets : refused_resets) += 1;
+      started = true;
+    }
   });
+  // On a busy machine the steps could all be over before the resetter first runs.
+  while (!started) std::this_thread::yield();
   int wrong = 0, refused_steps = 0;
   for (int step = 0; step < kSteps; ++step) {
     const float seen = instance.Step();
