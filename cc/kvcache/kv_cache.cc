@@ -307,6 +307,13 @@ Status KVCache::MarkUsed(StreamHandle stream) {
   return Status::Ok();
 }
 
+Status KVCache::LastUseFinished() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!ordered_) return base::Internal("KVCache::LastUseFinished outside a held step's Prepare");
+  used_ = false;
+  return Status::Ok();
+}
+
 void KVCache::EndStep(bool commit) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (commit) {

@@ -11,6 +11,7 @@
 //   if (run_ok) (void)cache.PrepareGrowth(lookahead, stream, &prepared);  // optional; see below
 //   if (run_ok) (void)cache.ReleaseRetired(stream, &released);            // see below
 //   cache.MarkUsed(stream);                                    // whether the run succeeded or not
+//   if (synchronized) (void)cache.LastUseFinished();           // the host finished `stream` after it
 //   cache.EndStep(/*commit=*/run_ok);                          // only a successful run advances
 //
 // Positions belong to the cache, never to the caller: a step writes [position, position + step),
@@ -53,7 +54,10 @@
 //
 // Streams: the cache may be used from several streams (the prefill and decode delegates of one
 // program share it). Prepare orders its stream after the cache's last recorded use (an event, no
-// host block); MarkUsed records that use. PrepareGrowth runs inside the held step, on its stream,
+// host block); MarkUsed records that use. A caller that has finished the step's stream on the host
+// after its MarkUsed (the delegate on its own stream, every step) says so with LastUseFinished: no
+// use is then pending, and the next Prepare orders nothing (one CUDA call fewer per cache, before
+// the run). PrepareGrowth runs inside the held step, on its stream,
 // before its MarkUsed, so that the event orders the reserve's zeroing and filling before any later
 // use too.
 //
@@ -174,6 +178,11 @@ class KVCache {
   // step whose Prepare did not run or failed before ordering `stream`, it orders `stream` after the
   // last use first, so that the recorded use still covers every earlier one.
   Status MarkUsed(StreamHandle stream);
+
+  // The host synchronized the held step's stream after its Prepare and MarkUsed: every use of the
+  // storage so far has finished, so the next Prepare need not order its stream after one. Refused
+  // outside a held step's Prepare (a use on another stream could still be running).
+  Status LastUseFinished();
 
   // Releases the held step; `commit` (the run wrote its positions) advances the length and the
   // position by its tokens.

@@ -209,6 +209,35 @@ TEST_F(KVCacheTest, PrepareOrdersTheStreamAfterTheLastUse) {
   EXPECT_EQ(record_.events_recorded, 2);
 }
 
+// Once the host has finished the step's stream after its MarkUsed, nothing is left to wait for:
+// the next Prepare orders nothing, and destroying the cache does not block.
+TEST_F(KVCacheTest, AUseTheHostSawFinishIsNotWaitedFor) {
+  std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
+  Step(*cache, 1);
+  uint64_t position = 0;
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  // Before the step's Prepare the last use may be running on another stream.
+  EXPECT_EQ(cache->LastUseFinished().code(), Error::Internal);
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  ASSERT_TRUE(cache->MarkUsed(nullptr).ok());
+  ASSERT_TRUE(cache->LastUseFinished().ok());
+  cache->EndStep(/*commit=*/true);
+  EXPECT_EQ(record_.stream_waits, 1);  // the first step's use, which nobody saw finish
+  Step(*cache, 1);
+  EXPECT_EQ(record_.stream_waits, 1);
+  EXPECT_EQ(record_.events_recorded, 3);
+  Step(*cache, 1);  // the last step's use, again unseen
+  EXPECT_EQ(record_.stream_waits, 2);
+  ASSERT_TRUE(cache->BeginStep(1, &position).ok());
+  ASSERT_TRUE(cache->Prepare(nullptr).ok());
+  ASSERT_TRUE(cache->MarkUsed(nullptr).ok());
+  ASSERT_TRUE(cache->LastUseFinished().ok());
+  cache->EndStep(/*commit=*/true);
+  const int synchronizations = record_.synchronizations;
+  cache.reset();
+  EXPECT_EQ(record_.synchronizations, synchronizations);
+}
+
 TEST_F(KVCacheTest, FailedGrowthLeavesStorageContentsAndLengthIntact) {
   std::unique_ptr<KVCache> cache = Make(Flat(4, 64));
   for (int token = 0; token < 4; ++token) Step(*cache, 1);

@@ -480,9 +480,19 @@ Status Delegate::Execute(Span<EValue*> args) {
     if (status.ok()) status = cache->Prepare(stream);
   }
   if (status.ok()) status = Run(plan, stream);
+  const bool enqueued = status.ok();
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
     Status marked = cache->MarkUsed(stream);
     if (status.ok()) status = marked;
+  }
+  // Only now does the host block: recording the caches' uses above overlaps the run on the device.
+  if (enqueued && plan.synchronize) {
+    Status finished = ops_->SynchronizeStream(stream);
+    // Every use is then over, and the next step's Prepare has nothing to order its stream after.
+    for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) {
+      if (finished.ok()) finished = cache->LastUseFinished();
+    }
+    if (status.ok()) status = finished;
   }
   for (const std::shared_ptr<kvcache::KVCache>& cache : caches_) cache->EndStep(status.ok());
   return status;
@@ -629,7 +639,7 @@ Status Delegate::Run(Plan& plan, StreamHandle stream) {
 
   ReleaseRetiredStorage(stream);
   if (PrepareGrowthAhead(plan, stream)) PrepareEngineForGrowth(stream);
-  if (plan.synchronize) return ops_->SynchronizeStream(stream);
+  if (plan.synchronize) return Status::Ok();  // Execute finishes the stream
   if (done_event_) {
     ZEROKV_RETURN_IF_ERROR(ops_->RecordEvent(done_event_, stream));
     in_flight_ = true;

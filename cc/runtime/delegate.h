@@ -128,8 +128,9 @@ class Delegate {
   Status UseSequence(const std::shared_ptr<kvcache::Sequence>& sequence);
   // Holds every cache for the step and reads its first position; on failure holds none.
   Status BeginStep(Plan* plan);
-  // Binds everything, enqueues the engine, finishes the outputs and prepares a growth ahead, on
-  // `stream`.
+  // Binds everything, enqueues the engine and the outputs' copies and prepares a growth ahead, on
+  // `stream`; records the done event unless the plan synchronizes (Execute then finishes the stream
+  // once the caches' uses are recorded).
   Status Run(Plan& plan, StreamHandle stream);
   Status FillPositions(size_t index, const Plan& plan, StreamHandle stream);
   // After a successful run, on its stream: the first cache that reserves its next capacity does.

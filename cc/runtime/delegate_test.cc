@@ -567,6 +567,19 @@ class RuntimeKvTest : public DelegateTest {
     return CacheState{std::vector<uint8_t>(k, k + bytes), std::vector<uint8_t>(v, v + bytes),
                       metrics.length, metrics.position, metrics.capacity};
   }
+  // Whether every cache use recorded before the `free`-th FreeAsync was over or waited for when it
+  // was made: the host synchronized after the last use recorded before it, or the stream had waited
+  // `waits` times by then.
+  bool EveryUseOverAtFree(size_t free, int waits) {
+    const std::vector<std::string>& ordering = record_.ordering;
+    size_t at = 0;
+    for (size_t frees = 0; at < ordering.size(); ++at) {
+      if (ordering[at] == "free" && frees++ == free) break;
+    }
+    bool synchronized = false;
+    for (size_t i = at; i-- > 0 && ordering[i] != "record";) synchronized |= ordering[i] == "synchronize";
+    return synchronized || record_.async_frees[free].stream_waits >= waits;
+  }
   // What the engine was bound to for an int64 input, `count` values.
   std::vector<int64_t> Bound64(const std::string& name, size_t count) {
     const auto* data = static_cast<const int64_t*>(engine_->bound[name].data);
@@ -869,11 +882,11 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepNeverInTheGrowth
     // The same for releases: the old storage of one cache at most, never in the growth step.
     const int releases = allocations - (record_.allocations_live - live);
     EXPECT_LE(releases, 2) << position;
-    // On the run's stream, after the step ordered it after every cache's last use.
+    // On the run's stream, after every cache's last use finished: the host finished the stream
+    // after recording them (the delegate's own stream) or the stream waited for each.
     for (size_t free = freed; free < record_.async_frees.size(); ++free) {
       EXPECT_EQ(record_.async_frees[free].stream, engine_->last_stream) << position;
-      EXPECT_GE(record_.async_frees[free].stream_waits, waited + static_cast<int>(kLayers))
-          << position;
+      EXPECT_TRUE(EveryUseOverAtFree(free, waited + static_cast<int>(kLayers))) << position;
     }
     uint64_t grown = 0;
     for (const auto& cache : caches) grown += cache->metrics().growths;
@@ -896,6 +909,25 @@ TEST_F(RuntimeKvTest, GrowthIsPreparedAndReleasedOneCachePerStepNeverInTheGrowth
     for (int64_t at = 0; at < 64; ++at) {
       EXPECT_EQ(k[(64 + at) * 4], at < 60 ? at + 1.0f : 0.0f) << i << " " << at;
     }
+  }
+}
+
+// On its own stream the delegate blocks the host once a step, after every cache's use is recorded
+// (recording them overlaps the run's device work instead of following it). Each step then starts
+// with every use finished, and orders its stream after none.
+TEST_F(RuntimeKvTest, OnItsOwnStreamAStepRecordsEveryCachesUseBlocksOnceAndWaitsForNone) {
+  const std::string key = "delegate_test.recorded";
+  constexpr size_t kLayers = 3;
+  blob::Blob blob = WithLayers(RuntimeKvBlob(key, 8, 64), kLayers);
+  ASSERT_TRUE(Create(blob, RuntimeKvEngine(blob)).ok());
+  for (int64_t position = 0; position < 3; ++position) {
+    const size_t before = record_.ordering.size();
+    ASSERT_TRUE(Step(*delegate_, position, 1).ok()) << position;
+    std::vector<std::string> expected(kLayers, "record");
+    expected.push_back("synchronize");
+    EXPECT_EQ(std::vector<std::string>(record_.ordering.begin() + before, record_.ordering.end()),
+              expected)
+        << position;
   }
 }
 
@@ -1003,10 +1035,20 @@ TEST_F(RuntimeKvTest, DelegatesNamingOneStorageKeyShareIt) {
   EXPECT_EQ(logits_->data()[0], 4.0f);
   EXPECT_EQ(decode->bound_address("k"), delegate_->bound_address("k"));
   EXPECT_EQ(Metrics(key).length, 4u);
-  // The decode delegate's stream waited on the prefill's use of the cache.
-  EXPECT_GE(record_.stream_waits, 1);
+  // The prefill's execute returned with its use of the cache over (it finished its own stream after
+  // recording the use), so the decode's stream had nothing to wait for.
+  EXPECT_EQ(record_.stream_waits, 0);
+  {
+    // Under a caller's stream an execute returns with its work in flight: the next one waits for it.
+    int caller_stream = 0;
+    CallerStreamGuard guard(&caller_stream);
+    ASSERT_TRUE(Step(*delegate_, 4, 1).ok());
+  }
+  ASSERT_TRUE(Step(*decode, 5, 1).ok());
+  EXPECT_EQ(record_.stream_waits, 1);
+  EXPECT_EQ(Metrics(key).length, 6u);
   delegate_.reset();
-  ASSERT_TRUE(Step(*decode, 4, 1).ok());  // still held by the decode delegate
+  ASSERT_TRUE(Step(*decode, 6, 1).ok());  // still held by the decode delegate
   decode.reset();
   EXPECT_EQ(kvcache::Sequence::FindImplicit(), nullptr);  // and with it the cache
   EXPECT_EQ(record_.allocations_live, 0);

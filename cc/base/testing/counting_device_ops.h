@@ -36,6 +36,10 @@ class CountingDeviceOps final : public DeviceOps {
     std::vector<StreamHandle> synchronized_streams;  // SynchronizeStream's arguments, in order
     int stream_waits = 0;
     int events_recorded = 0;
+    // What orders the device's work, in the order the runtime asked for it: "record" (an event),
+    // "wait" (a stream on an event), "synchronize" (the host on a stream or event) and "free"
+    // (FreeAsync).
+    std::vector<std::string> ordering;
     int streams_created = 0;
     int streams_destroyed = 0;
     int allocations_live = 0;
@@ -73,6 +77,7 @@ class CountingDeviceOps final : public DeviceOps {
   Status FreeAsync(void* data, StreamHandle stream) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
     record_->async_frees.push_back({stream, record_->stream_waits});
+    record_->ordering.push_back("free");
     FreeLocked(data);
     return Status::Ok();
   }
@@ -118,22 +123,26 @@ class CountingDeviceOps final : public DeviceOps {
   Status RecordEvent(EventHandle, StreamHandle) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
     ++record_->events_recorded;
+    record_->ordering.push_back("record");
     return Status::Ok();
   }
   Status StreamWaitEvent(StreamHandle, EventHandle) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
     ++record_->stream_waits;
+    record_->ordering.push_back("wait");
     return Status::Ok();
   }
   Status SynchronizeEvent(EventHandle) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
     ++record_->synchronizations;
+    record_->ordering.push_back("synchronize");
     return Status::Ok();
   }
   Status SynchronizeStream(StreamHandle stream) override {
     std::lock_guard<std::mutex> lock(record_->mutex);
     ++record_->synchronizations;
     record_->synchronized_streams.push_back(stream);
+    record_->ordering.push_back("synchronize");
     return Status::Ok();
   }
   bool IsDeviceMemory(const void* data) const override {
