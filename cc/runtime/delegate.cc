@@ -353,7 +353,7 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
   plan->tensors.assign(bindings_.size(), nullptr);
   plan->staged.assign(bindings_.size(), false);
   for (size_t i = 0; i < bindings_.size(); ++i) {
-    const Binding& binding = bindings_[i];
+    Binding& binding = bindings_[i];
     if (!binding.argument) continue;
     const size_t argument = *binding.argument;
     const bool input = binding.spec.direction == blob::Direction::kInput;
@@ -403,9 +403,12 @@ Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
                                     "(its binding is CPU in the blob)");
     }
     if (planned_on_device && cuda_engine && tensor.nbytes() != 0 &&
-        !ops_->IsDeviceMemory(tensor.const_data_ptr())) {
-      return InvalidArgument(what() + " is planned in CUDA memory but its pointer is not CUDA "
-                             "memory: is a CUDA DeviceAllocator registered?");
+        tensor.const_data_ptr() != binding.confirmed_on_device) {
+      if (!ops_->IsDeviceMemory(tensor.const_data_ptr())) {
+        return InvalidArgument(what() + " is planned in CUDA memory but its pointer is not CUDA "
+                               "memory: is a CUDA DeviceAllocator registered?");
+      }
+      binding.confirmed_on_device = tensor.const_data_ptr();
     }
     if (binding.alias_target && wants_device && !planned_on_device) {
       return InvalidArgument(

@@ -107,6 +107,9 @@ class Delegate {
     void* staging = nullptr;              // device buffer: a host-resident argument's, or the fill's
     void* bound = nullptr;                // address bound at the last Execute
     size_t bound_bytes = 0;               // bytes bound there
+    // The last argument address confirmed as CUDA memory: an argument is asked about (a CUDA driver
+    // call) only when its address changes, not at every step.
+    const void* confirmed_on_device = nullptr;
     std::optional<size_t> layer;          // a runtime-owned input: its layer, index into layers_
     bool cache_value = false;             // ... the V tensor of it (else K)
     // An argument the runtime fills with the step's positions, modulo this when nonzero (a ring's

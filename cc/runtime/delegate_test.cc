@@ -366,6 +366,32 @@ TEST_F(DelegateTest, DevicePlannedPointerThatIsNotDeviceMemoryIsRefused) {
   EXPECT_EQ(engine_->enqueue_count, 0);
 }
 
+// Asking the driver where a pointer lives is a call per argument; planned buffers stay put, so an
+// argument is asked about again only when its address changes, and a new address is still refused.
+TEST_F(DelegateTest, AnArgumentsAddressIsConfirmedAsCudaMemoryOnceUntilItChanges) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
+  record_.device_memory.insert(tokens.data());
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(record_.device_memory_queries, 3);
+  tokens.data()[0] = 1;
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(record_.device_memory_queries, 3);
+
+  OwnedTensor<float> elsewhere(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA);  // not device memory
+  args[1] = elsewhere.value();
+  Status status = delegate_->Execute(Span<EValue*>(args, 3));
+  EXPECT_EQ(status.code(), Error::InvalidArgument);
+  EXPECT_NE(status.message().find("'k_cache'"), std::string::npos) << status.message();
+  EXPECT_EQ(record_.device_memory_queries, 4);
+  EXPECT_EQ(engine_->enqueue_count, 2);
+}
+
 TEST_F(DelegateTest, StagesHostInputsAndOutputsAndSynchronizesOnlyThen) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
   OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 2}, ET::CPU);  // host: staged in

@@ -46,6 +46,7 @@ class CountingDeviceOps final : public DeviceOps {
     std::vector<Freed> async_frees;  // FreeAsync calls, in order
     int async_allocations = 0;  // AllocateAsync calls that allocated
     int zeroings = 0;           // Zero calls
+    int device_memory_queries = 0;  // IsDeviceMemory calls
     int fail_async_allocation_in = 0;  // n > 0: the n-th AllocateAsync from now fails
     // An allocation of more bytes fails, as on a device with this much memory.
     size_t capacity = std::numeric_limits<size_t>::max();
@@ -147,6 +148,7 @@ class CountingDeviceOps final : public DeviceOps {
   }
   bool IsDeviceMemory(const void* data) const override {
     std::lock_guard<std::mutex> lock(record_->mutex);
+    ++record_->device_memory_queries;
     return record_->device_memory.count(data) != 0;
   }
 
