@@ -13,31 +13,37 @@
 # (tools/bench/results/h200/pipelined_sweep_ab_1839272.md), and in one call by 12-15%, one slower
 # in every run, for a reason not found (combo_kernels_ab_9205014.md): -c shows the floor in the
 # same call, and a change should beat the copy too.
-#   bash tools/gpu/step_ab.sh [-c] [-n] [-r ROUNDS] [-p "POSITION..."] BASELINE [OTHER...]
+#   bash tools/gpu/step_ab.sh [-c] [-n] [-r ROUNDS] [-p "POSITION..."] [-v VARIANTS] BASELINE [OTHER...]
 # -c: time a copy of BASELINE as well, made on the GPU machine, named after the OTHERs.
-# -n: print each round's order and stop, having checked the arguments.
+# -n: print the programs each tree exports and each round's order, and stop, having checked the
+#   arguments.
+# -v: what to time, comma-separated among static, bare and runtime_owned (static,bare): the
+#   runtime-owned program decodes from position 0 through the last POSITION in each run, so that a
+#   change to the runtime's host work shows (its row at each POSITION is the 64 steps from it).
 # BASELINE and each OTHER: another copy of the repository, at or after the commit that gave
 # decode_roofline_programs.py its --programs (e.g. `git archive main | tar x -C .gpu/baseline`
 # before the device call, with carry [".gpu"]). The trees are named A (BASELINE), B (this tree), then
 # C, D... (the OTHERs, in order). No tree may be given twice, nor this one: one tree's exports at
 # once would write its generated files at once. Builds the runner as tools/gpu/run.sh does, exports
-# each tree's static program in parallel (the reference logits once, from this tree), then runs
-# decode_roofline (DECODE_ROOFLINE_VARIANTS=static,bare) ROUNDS times (3) for each tree, at the POSITIONs
+# the programs the VARIANTS time from each tree in parallel (the reference logits once, from this
+# tree), then runs decode_roofline (DECODE_ROOFLINE_VARIANTS=VARIANTS) ROUNDS times (3) for each tree, at the POSITIONs
 # (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
 # ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
 # run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
 set -euo pipefail
-usage="usage: step_ab.sh [-c] [-n] [-r ROUNDS] [-p \"POSITION...\"] BASELINE [OTHER...]"
+usage="usage: step_ab.sh [-c] [-n] [-r ROUNDS] [-p \"POSITION...\"] [-v VARIANTS] BASELINE [OTHER...]"
 rounds=3
 positions="256 1024 4096 8192"
+variants=static,bare
 plan_only=false
 copy_baseline=false
-while getopts "cnr:p:" option; do
+while getopts "cnr:p:v:" option; do
   case $option in
     c) copy_baseline=true ;;
     n) plan_only=true ;;
     r) rounds=$OPTARG ;;
     p) positions=$OPTARG ;;
+    v) variants=$OPTARG ;;
     *) echo "$usage" >&2; exit 2 ;;
   esac
 done
@@ -45,6 +51,12 @@ shift $((OPTIND - 1))
 (($#)) || { echo "$usage" >&2; exit 2; }
 [[ $rounds =~ ^[1-9][0-9]*$ ]] || { echo "step_ab: ROUNDS '$rounds' is not a positive whole number" >&2; exit 2; }
 [[ $positions =~ ^[0-9]+( [0-9]+)*$ ]] || { echo "step_ab: POSITIONs '$positions' are not whole numbers" >&2; exit 2; }
+variant="(static|bare|runtime_owned)"
+[[ $variants =~ ^$variant(,$variant)*$ ]] ||
+  { echo "step_ab: VARIANTS '$variants' are not among static, bare and runtime_owned (comma-separated)" >&2; exit 2; }
+programs=()  # what each tree exports for the VARIANTS (the bare engine runs the static program)
+[[ ,$variants, =~ ,(static|bare), ]] && programs+=(static)
+[[ ,$variants, == *,runtime_owned,* ]] && programs+=(runtime_owned)
 root=$(realpath "$(dirname "$0")/../..")
 labels=(A C D E F G H)  # B is this tree
 others=$#
@@ -79,6 +91,7 @@ round_order() {  # round (from 1): the trees, starting round - 1 places later th
   echo "${rotated[*]}"
 }
 if $plan_only; then
+  echo "exports: ${programs[*]}"
   for ((round = 1; round <= rounds; round++)); do echo "round $round: $(round_order "$round")"; done
   exit 0
 fi
@@ -96,7 +109,7 @@ site=${ZEROKV_GPU_DIR:-/tmp/zerokv_gpu}/site
 runner=$(find -L "$root/bazel-bin/tools/bench" -maxdepth 1 -name decode_roofline_runner -type f | head -n 1)
 [ -n "$runner" ] || { echo "step_ab: the build left no decode_roofline_runner" >&2; exit 1; }
 
-echo "[step_ab] exporting the static steps of $order ($((SECONDS - start)) s)"
+echo "[step_ab] exporting ${programs[*]} from $order ($((SECONDS - start)) s)"
 export_tree() {  # tree, directory, programs...
   local tree=$1 dir=$2
   shift 2
@@ -105,10 +118,9 @@ export_tree() {  # tree, directory, programs...
 }
 declare -A exports
 for name in $order; do
-  programs=static
-  [ "$name" = B ] && programs="static reference"
-  # shellcheck disable=SC2086  # the programs are words
-  export_tree "${trees[$name]}" "$work/$name" $programs >"$work/export_$name.log" 2>&1 &
+  exported=("${programs[@]}")
+  [ "$name" = B ] && exported+=(reference)
+  export_tree "${trees[$name]}" "$work/$name" "${exported[@]}" >"$work/export_$name.log" 2>&1 &
   exports[$name]=$!
 done
 for name in $order; do
@@ -125,10 +137,10 @@ for ((round = 1; round <= rounds; round++)); do
     fi
     rows="$work/runs/$round.$name.tsv"
     # shellcheck disable=SC2086  # the positions are words
-    DECODE_ROOFLINE_VARIANTS=static,bare "$runner" "$work/$name" 64 $positions >"$rows" 2>"$work/runs/$round.$name.err" ||
+    DECODE_ROOFLINE_VARIANTS=$variants "$runner" "$work/$name" 64 $positions >"$rows" 2>"$work/runs/$round.$name.err" ||
       { tail -n 5 "$work/runs/$round.$name.err"; exit 1; }
-    echo "$name $round: $(awk '$1 ~ /^(bare_engine|zerokv_static)$/ {printf "%s@%s %s  ", $1, $2, $3}
-                               $1 == "agreement_zerokv_static" {printf "cosine %s top-1 %s/%s  ", $3, $4, $5}' "$rows")"
+    echo "$name $round: $(awk '$1 ~ /^(bare_engine|zerokv_static|zerokv_runtime_owned)$/ {printf "%s@%s %s  ", $1, $2, $3}
+                               $1 ~ /^agreement_/ {printf "%s cosine %s top-1 %s/%s  ", substr($1, 11), $3, $4, $5}' "$rows")"
   done
 done
 python3 - "$work/runs" $order <<'PY'
@@ -139,7 +151,7 @@ for path in glob.glob(os.path.join(runs, "*.tsv")):
     tree = path.rsplit(".", 2)[-2]
     for line in open(path):
         variant, position, median, *_ = line.split("\t")
-        if variant in ("bare_engine", "zerokv_static"):
+        if variant in ("bare_engine", "zerokv_static", "zerokv_runtime_owned"):
             medians[variant, int(position), tree].append(float(median))
 others = names[1:]
 print("| variant | position | A ms (median of runs) | " + " | ".join(f"{name} ms | {name} / A" for name in others) + " |")

@@ -1,6 +1,7 @@
 #!/bin/bash
-# step_ab.sh refuses a bad tree, a tree given twice, ROUNDS or POSITION by name, before it builds, deletes or
-# exports anything, and starts each round one tree later than the round before; -c adds a tree.
+# step_ab.sh refuses a bad tree, a tree given twice, ROUNDS, POSITION or VARIANTS by name, before it builds, deletes or
+# exports anything, and starts each round one tree later than the round before; -c adds a tree; the
+# VARIANTS choose what each tree exports (-n prints it).
 set -uo pipefail
 step_ab=$1
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -32,6 +33,8 @@ refuses "decode_roofline_programs.py has no --programs" "$tmp/new" "$tmp/old"
 refuses "ROUNDS 'x' is not a positive whole number" -r x "$tmp/new"
 refuses "ROUNDS '0' is not a positive whole number" -r 0 "$tmp/new"
 refuses "POSITIONs '256 x' are not whole numbers" -p "256 x" "$tmp/new"
+refuses "VARIANTS 'static,x' are not among static, bare and runtime_owned (comma-separated)" -v static,x "$tmp/new"
+refuses "VARIANTS 'static,' are not among static, bare and runtime_owned (comma-separated)" -v static, "$tmp/new"
 refuses "8 trees besides this one; at most 7" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
 refuses "8 trees besides this one; at most 7" -c "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new" "$tmp/new"
 # Two exports of one tree at once would write its generated files at once.
@@ -47,10 +50,13 @@ plans() {  # the plan it must print, then step_ab's arguments
     failures=$((failures + 1))
   fi
 }
-plans $'round 1: A B\nround 2: B A\nround 3: A B\nround 4: B A' -r 4 "$tmp/new"
-plans $'round 1: A B C\nround 2: B C A\nround 3: C A B\nround 4: A B C' -r 4 "$tmp/new" "$tmp/new2"
-plans $'round 1: A B C\nround 2: B C A\nround 3: C A B' -c "$tmp/new"
-plans $'round 1: A B C D\nround 2: B C D A\nround 3: C D A B' -c "$tmp/new" "$tmp/new2"
-plans $'round 1: A B\nround 2: B A\nround 3: A B' "$tmp/new"
+plans $'exports: static\nround 1: A B\nround 2: B A\nround 3: A B\nround 4: B A' -r 4 "$tmp/new"
+plans $'exports: static\nround 1: A B C\nround 2: B C A\nround 3: C A B\nround 4: A B C' -r 4 "$tmp/new" "$tmp/new2"
+plans $'exports: static\nround 1: A B C\nround 2: B C A\nround 3: C A B' -c "$tmp/new"
+plans $'exports: static\nround 1: A B C D\nround 2: B C D A\nround 3: C D A B' -c "$tmp/new" "$tmp/new2"
+plans $'exports: static\nround 1: A B\nround 2: B A\nround 3: A B' "$tmp/new"
+plans $'exports: runtime_owned\nround 1: A B\nround 2: B A' -r 2 -v runtime_owned "$tmp/new"
+plans $'exports: static runtime_owned\nround 1: A B\nround 2: B A' -r 2 -v bare,runtime_owned,static "$tmp/new"
+plans $'exports: static\nround 1: A B\nround 2: B A' -r 2 -v bare "$tmp/new"
 [ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
 exit $((failures > 0))
