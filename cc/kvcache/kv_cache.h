@@ -57,9 +57,8 @@
 // host block); MarkUsed records that use. A caller that has finished the step's stream on the host
 // after its MarkUsed (the delegate on its own stream, every step) says so with LastUseFinished: no
 // use is then pending, and the next Prepare orders nothing (one CUDA call fewer per cache, before
-// the run). PrepareGrowth runs inside the held step, on its stream,
-// before its MarkUsed, so that the event orders the reserve's zeroing and filling before any later
-// use too.
+// the run). PrepareGrowth runs inside the held step, on its stream, before its MarkUsed, so that
+// the event orders the reserve's zeroing and filling before any later use too.
 //
 // Thread safety: every method locks the cache. A step (BeginStep .. EndStep) or a reset
 // (BeginReset .. EndReset) holds the cache: another step or reset meanwhile is refused, so two
