@@ -118,6 +118,21 @@ class DelegateTest : public ::testing::Test {
     record_.device_memory.insert(data);
     return data;
   }
+  // A decode step's arguments (the token, the cache, the logits), each in "device memory", and the
+  // delegate's argument list over them.
+  struct DeviceArgs {
+    explicit DeviceArgs(DelegateTest& test)
+        : tokens(ScalarType::Long, {1, 1}, ET::CUDA),
+          cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, test.DeviceCache()),
+          logits(ScalarType::Float, {1, 4, 3}, ET::CUDA) {
+      test.record_.device_memory.insert(tokens.data());
+      test.record_.device_memory.insert(logits.data());
+    }
+    OwnedTensor<int64_t> tokens;
+    OwnedTensor<float> cache;
+    OwnedTensor<float> logits;
+    EValue* args[3] = {tokens.value(), cache.value(), logits.value()};
+  };
 
   CountingDeviceOps::Record record_;
   TestEngine* engine_ = nullptr;
@@ -172,12 +187,8 @@ TEST_F(DelegateTest, ZeroCopyBindsTheAliasedOutputToTheCallersCache) {
 
 TEST_F(DelegateTest, NextExecuteWaitsOnTheInFlightEventAndDestroyDrainsIt) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   int caller_stream = 0;
   CallerStreamGuard guard(&caller_stream);
@@ -199,12 +210,8 @@ TEST_F(DelegateTest, NextExecuteWaitsOnTheInFlightEventAndDestroyDrainsIt) {
 
 TEST_F(DelegateTest, RunsOnTheCallersStreamWhenOneIsSet) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
   StreamHandle own_stream = engine_->last_stream;
@@ -225,12 +232,8 @@ TEST_F(DelegateTest, RunsOnTheCallersStreamWhenOneIsSet) {
 // output), so execute finishes that stream before it returns.
 TEST_F(DelegateTest, WithoutACallerStreamExecuteFinishesItsOwnStreamBeforeReturning) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   for (int step = 1; step <= 2; ++step) {
     ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
@@ -247,12 +250,8 @@ TEST_F(DelegateTest, WithoutACallerStreamExecuteFinishesItsOwnStreamBeforeReturn
 // flight, and a later execute on another stream waits for it on the device.
 TEST_F(DelegateTest, UnderACallerStreamExecuteReturnsWithTheWorkInFlight) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   int caller_stream = 0;
   {
@@ -269,12 +268,8 @@ TEST_F(DelegateTest, UnderACallerStreamExecuteReturnsWithTheWorkInFlight) {
 // A guard over nullptr selects the legacy default stream; it is not "no caller stream".
 TEST_F(DelegateTest, AnExplicitlyNullCallerStreamSelectsTheLegacyDefaultStream) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   CallerStreamGuard guard(nullptr);
   ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
@@ -370,12 +365,8 @@ TEST_F(DelegateTest, DevicePlannedPointerThatIsNotDeviceMemoryIsRefused) {
 // argument is asked about again only when its address changes, and a new address is still refused.
 TEST_F(DelegateTest, AnArgumentsAddressIsConfirmedAsCudaMemoryOnceUntilItChanges) {
   CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
-  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 1}, ET::CUDA);
-  record_.device_memory.insert(tokens.data());
-  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
-  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
-  record_.device_memory.insert(logits.data());
-  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  DeviceArgs step(*this);
+  auto& [tokens, cache, logits, args] = step;
 
   ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
   EXPECT_EQ(record_.device_memory_queries, 3);
