@@ -26,10 +26,12 @@
 # C, D... (the OTHERs, in order). No tree may be given twice, nor this one: one tree's exports at
 # once would write its generated files at once. Builds the runner as tools/gpu/run.sh does, exports
 # the programs the VARIANTS time from each tree in parallel (the reference logits once, from this
-# tree), then runs decode_roofline (DECODE_ROOFLINE_VARIANTS=VARIANTS) ROUNDS times (3) for each tree, at the POSITIONs
-# (256 1024 4096 8192). A line per run, then each row's median over the runs for every tree and its
-# ratio to A's; the runs' rows and the exports' logs in $OUT/step_ab.tgz (or the work folder's). No
-# run starts once STEP_AB_SECONDS (480) have passed, so that a device call returns what it measured.
+# tree), then runs decode_roofline (DECODE_ROOFLINE_VARIANTS=VARIANTS) ROUNDS times (3) for each
+# tree, at the POSITIONs (256 1024 4096 8192). A line per run, then each row's median over the runs
+# for every tree and its ratio to A's; the runs' rows, the exports' logs and each static engine's
+# files with their hashes (tools/bench/engine_fingerprint.py; how many differ from A's is printed)
+# in $OUT/step_ab.tgz (or the work folder's). No run starts once STEP_AB_SECONDS (480) have passed,
+# so that a device call returns what it measured.
 set -euo pipefail
 usage="usage: step_ab.sh [-c] [-n] [-r ROUNDS] [-p \"POSITION...\"] [-v VARIANTS] BASELINE [OTHER...]"
 rounds=3
@@ -127,6 +129,19 @@ for name in $order; do
   wait "${exports[$name]}" || { echo "[step_ab] $name's export failed:"; tail -n 20 "$work/export_$name.log"; exit 1; }
   [ "$name" = B ] || ln -s "$work/B/reference" "$work/$name/reference"
 done
+fingerprints=()
+if [[ " ${programs[*]} " == *" static "* ]]; then
+  fingerprint() { PYTHONPATH="$root/py:$root:$site" python3 "$root/tools/bench/engine_fingerprint.py" "$@"; }
+  for name in $order; do
+    fingerprint "$work/$name/static/engine.blob" >"$work/engine_$name.txt" &&
+      fingerprints+=("engine_$name.txt") || echo "[step_ab] $name's engine could not be fingerprinted"
+  done
+  for name in $order; do
+    [ "$name" != A ] && [ -f "$work/engine_$name.txt" ] && [ -f "$work/engine_A.txt" ] || continue
+    differ=$(fingerprint "$work/A/static/engine.blob" "$work/$name/static/engine.blob" | wc -l)
+    echo "[step_ab] $name's engine: $differ of $(wc -l <"$work/engine_$name.txt") files differ from A's"
+  done
+fi
 
 echo "[step_ab] timing $order in turn, each round starting one later ($((SECONDS - start)) s)"
 for ((round = 1; round <= rounds; round++)); do
@@ -168,4 +183,5 @@ for variant, position in sorted({key[:2] for key in medians}):
     print(f"| {variant} | {position} | {a:.4f} | " + " | ".join(cells) + " |")
 PY
 # shellcheck disable=SC2086  # the names are words
-tar czf "${OUT:-$work}/step_ab.tgz" -C "$work" runs build.log $(for name in $order; do echo "export_$name.log"; done)
+tar czf "${OUT:-$work}/step_ab.tgz" -C "$work" runs build.log $(for name in $order; do echo "export_$name.log"; done) \
+  "${fingerprints[@]}"

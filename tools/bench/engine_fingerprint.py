@@ -1,0 +1,68 @@
+"""The files of an AOTInductor engine in a zerokv delegate blob, each with its sha256, so that two
+exports of one source whose engines time differently can be compared file by file (step_ab.sh
+keeps each tree's, and says how many differ from the baseline's):
+
+    engine_fingerprint.py BLOB            one line per file of the engine package: sha256, bytes, name
+    engine_fingerprint.py BLOB OTHER      the files of OTHER's package that BLOB's lacks or holds
+                                          with other bytes, one per line
+
+Inductor names the files it writes after a hash of what it generated, so a file of other contents
+usually has another name too: it is listed as one BLOB lacks.
+"""
+
+import argparse
+import hashlib
+import io
+import sys
+import zipfile
+
+from zerokv import blob
+from zerokv.errors import ZeroKVError
+
+
+class EngineFingerprintError(ZeroKVError, ValueError):
+    """The file is not a delegate blob holding an AOTInductor package; the message says which."""
+
+
+def files(path: str) -> dict[str, tuple[str, int]]:
+    """{file of the engine package: (its sha256, its bytes)} of the delegate blob at `path`."""
+    with open(path, "rb") as source:
+        try:
+            payload = blob.parse(source.read()).payload
+        except blob.BlobFormatError as error:
+            raise EngineFingerprintError(f"{path}: not a zerokv delegate blob: {error}") from error
+    try:
+        with zipfile.ZipFile(io.BytesIO(payload)) as package:
+            return {name: (hashlib.sha256(package.read(name)).hexdigest(), package.getinfo(name).file_size)
+                    for name in package.namelist()}
+    except zipfile.BadZipFile as error:
+        raise EngineFingerprintError(f"{path}: its payload is not an AOTInductor package (a zip archive): "
+                                     f"{error}") from error
+
+
+def differing(baseline: dict, other: dict) -> list[str]:
+    """The files of `other` that `baseline` lacks or holds with other contents, sorted."""
+    return sorted(name for name, (digest, _) in other.items() if baseline.get(name, (None,))[0] != digest)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("blob")
+    parser.add_argument("other", nargs="?")
+    args = parser.parse_args(argv)
+    try:
+        mine = files(args.blob)
+        if args.other:
+            for name in differing(mine, files(args.other)):
+                print(name)
+        else:
+            for name, (digest, size) in sorted(mine.items()):
+                print(f"{digest} {size} {name}")
+    except (EngineFingerprintError, OSError) as error:
+        print(f"engine_fingerprint: {error}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
