@@ -137,7 +137,8 @@ if [[ " ${programs[*]} " == *" static "* ]]; then
       fingerprints+=("engine_$name.txt") || echo "[step_ab] $name's engine could not be fingerprinted"
   done
   for name in $order; do
-    [ "$name" != A ] && [ -f "$work/engine_$name.txt" ] && [ -f "$work/engine_A.txt" ] || continue
+    [[ $name != A && " ${fingerprints[*]} " == *" engine_A.txt "* && " ${fingerprints[*]} " == *" engine_$name.txt "* ]] ||
+      continue
     differ=$(fingerprint "$work/A/static/engine.blob" "$work/$name/static/engine.blob" | wc -l)
     echo "[step_ab] $name's engine: $differ of $(wc -l <"$work/engine_$name.txt") files differ from A's"
   done
