@@ -10,7 +10,7 @@
 # every place as often.
 # Two copies of one source, each exported on its own (Inductor tunes its kernels on the device at
 # each export), differed by 0.4-0.7% (bare engine) and up to 1.6% (static step)
-# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md), and in one call by 12-15%, one slower
+# (tools/bench/results/h200/pipelined_sweep_ab_1839272.md), and in one call by 13-18%, one slower
 # in every run, for a reason not found (combo_kernels_ab_9205014.md): -c shows the floor in the
 # same call, and a change should beat the copy too.
 #   bash tools/gpu/step_ab.sh [-c] [-n] [-r ROUNDS] [-p "POSITION..."] [-v VARIANTS] BASELINE [OTHER...]

@@ -30,7 +30,7 @@ Combined launches. A CUDA package is compiled with Inductor's combo kernels: ker
 depend on one another run as one launch, each in its own range of programs. In a decoder's step
 the query's rotary embedding, the key's with its cache write and the value's cache write are one
 kernel a layer instead of three, each of which waited on memory for the one before it: on the H200
-the 1B step's bare engine was 3-4% faster, in two A/Bs on two machines
+the 1B step's bare engine was 2.6-4.4% faster, in two A/Bs on two machines
 (tools/bench/results/h200/combo_kernels_ab_9205014.md).
 
 One-token products. zerokv::matvec calls that read the same input (a decoder's query, key and
