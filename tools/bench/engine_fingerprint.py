@@ -1,13 +1,8 @@
 """The files of an AOTInductor engine in a zerokv delegate blob, each with its sha256, so that two
 exports of one source whose engines time differently can be compared file by file (step_ab.sh
-keeps each tree's, and says how many differ from the baseline's):
+keeps each tree's, and counts the lines that differ from the baseline's):
 
     engine_fingerprint.py BLOB            one line per file of the engine package: sha256, bytes, name
-    engine_fingerprint.py BLOB OTHER      the files of OTHER's package that BLOB's lacks or holds
-                                          with other bytes, one per line
-
-Inductor names the files it writes after a hash of what it generated, so a file of other contents
-usually has another name too: it is listed as one BLOB lacks.
 """
 
 import argparse
@@ -40,24 +35,13 @@ def files(path: str) -> dict[str, tuple[str, int]]:
                                      f"{error}") from error
 
 
-def differing(baseline: dict, other: dict) -> list[str]:
-    """The files of `other` that `baseline` lacks or holds with other contents, sorted."""
-    return sorted(name for name, (digest, _) in other.items() if baseline.get(name, (None,))[0] != digest)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("blob")
-    parser.add_argument("other", nargs="?")
     args = parser.parse_args(argv)
     try:
-        mine = files(args.blob)
-        if args.other:
-            for name in differing(mine, files(args.other)):
-                print(name)
-        else:
-            for name, (digest, size) in sorted(mine.items()):
-                print(f"{digest} {size} {name}")
+        for name, (digest, size) in sorted(files(args.blob).items()):
+            print(f"{digest} {size} {name}")
     except (EngineFingerprintError, OSError) as error:
         print(f"engine_fingerprint: {error}", file=sys.stderr)
         return 1

@@ -131,15 +131,15 @@ for name in $order; do
 done
 fingerprints=()
 if [[ " ${programs[*]} " == *" static "* ]]; then
-  fingerprint() { PYTHONPATH="$root/py:$root:$site" python3 "$root/tools/bench/engine_fingerprint.py" "$@"; }
   for name in $order; do
-    fingerprint "$work/$name/static/engine.blob" >"$work/engine_$name.txt" &&
+    PYTHONPATH="$root/py:$root:$site" python3 "$root/tools/bench/engine_fingerprint.py" "$work/$name/static/engine.blob" \
+      >"$work/engine_$name.txt" &&
       fingerprints+=("engine_$name.txt") || echo "[step_ab] $name's engine could not be fingerprinted"
   done
   for name in $order; do
     [[ $name != A && " ${fingerprints[*]} " == *" engine_A.txt "* && " ${fingerprints[*]} " == *" engine_$name.txt "* ]] ||
       continue
-    differ=$(fingerprint "$work/A/static/engine.blob" "$work/$name/static/engine.blob" | wc -l)
+    differ=$(comm -13 <(sort "$work/engine_A.txt") <(sort "$work/engine_$name.txt") | wc -l)
     echo "[step_ab] $name's engine: $differ of $(wc -l <"$work/engine_$name.txt") files differ from A's"
   done
 fi
