@@ -1,7 +1,8 @@
 #!/bin/bash
-# step_ab.sh refuses a bad tree, a tree given twice, ROUNDS, POSITION or VARIANTS by name, before it builds, deletes or
-# exports anything, and starts each round one tree later than the round before; -c adds a tree; the
-# VARIANTS choose what each tree exports (-n prints it).
+# step_ab.sh refuses a bad tree, a tree given twice, ROUNDS, POSITION or VARIANTS by name, before it
+# builds, deletes or exports anything, and starts each round one tree later than the round before;
+# -c adds a tree; the VARIANTS choose what each tree exports (-n prints it); with -R every tree's
+# runner times B's exports, so a tree needs a runner that takes the VARIANTS, not an exporter.
 set -uo pipefail
 step_ab=$1
 tmp=${TEST_TMPDIR:-$(mktemp -d)}
@@ -11,6 +12,7 @@ touch "$ZEROKV_GPU_DIR/step_ab/kept"
 echo 'parser.add_argument("--linear")' >"$tmp/old/tools/bench/decode_roofline_programs.py"
 echo 'parser.add_argument("--programs")' >"$tmp/new/tools/bench/decode_roofline_programs.py"
 cp "$tmp/new/tools/bench/decode_roofline_programs.py" "$tmp/new2/tools/bench/"
+echo 'std::getenv("DECODE_ROOFLINE_VARIANTS")' >"$tmp/old/tools/bench/decode_roofline.cc"
 this_tree=$(realpath "$(dirname "$step_ab")/../..")
 failures=0
 refuses() {  # what the message must say, then step_ab's arguments
@@ -24,12 +26,13 @@ refuses() {  # what the message must say, then step_ab's arguments
     failures=$((failures + 1))
   fi
 }
-refuses "usage: step_ab.sh [-c] [-n] [-r ROUNDS]"
-refuses "usage: step_ab.sh [-c] [-n] [-r ROUNDS]" -x "$tmp/new"
+refuses "usage: step_ab.sh [-c] [-n] [-R] [-r ROUNDS]"
+refuses "usage: step_ab.sh [-c] [-n] [-R] [-r ROUNDS]" -x "$tmp/new"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/missing"
 refuses "tree '$tmp/missing' is not a folder" "$tmp/new" "$tmp/missing"
 refuses "$tmp/not_a_copy is not a copy of the repository" "$tmp/not_a_copy"
 refuses "decode_roofline_programs.py has no --programs" "$tmp/new" "$tmp/old"
+refuses "$tmp/new's decode_roofline.cc has no DECODE_ROOFLINE_VARIANTS" -R "$tmp/old" "$tmp/new"
 refuses "ROUNDS 'x' is not a positive whole number" -r x "$tmp/new"
 refuses "ROUNDS '0' is not a positive whole number" -r 0 "$tmp/new"
 refuses "POSITIONs '256 x' are not whole numbers" -p "256 x" "$tmp/new"
@@ -58,5 +61,7 @@ plans $'exports: static\nround 1: A B\nround 2: B A\nround 3: A B' "$tmp/new"
 plans $'exports: runtime_owned\nround 1: A B\nround 2: B A' -r 2 -v runtime_owned "$tmp/new"
 plans $'exports: static runtime_owned\nround 1: A B\nround 2: B A' -r 2 -v bare,runtime_owned,static "$tmp/new"
 plans $'exports: static\nround 1: A B\nround 2: B A' -r 2 -v bare "$tmp/new"
+plans $'exports: static runtime_owned\nrunners: each tree\'s own, over B\'s exports\nround 1: A B C\nround 2: B C A' \
+  -R -c -r 2 -v static,runtime_owned "$tmp/old"
 [ -f "$ZEROKV_GPU_DIR/step_ab/kept" ] || { echo "FAIL: a refused run deleted the last run's folder"; failures=$((failures + 1)); }
 exit $((failures > 0))
