@@ -5,7 +5,8 @@
 //
 // Every step is timed on the host around ExecuTorch's Module::execute (the token from the host,
 // the logits back to it, as the peers' steps are), or around Enqueue plus a synchronize for the
-// bare engine. Rows on stdout, tab-separated: variant, position, median ms, p99 ms, steps.
+// bare engine. The programs' host buffers are page-locked (PinnedPlannedMemory), as are the bare
+// engine's for its host copies. Rows on stdout, tab-separated: variant, position, median ms, p99 ms, steps.
 //   zerokv_runtime_owned   DIR/runtime_owned: decodes from position 0 through the last POSITION
 //                          plus STEPS, every step timed; a row per POSITION over the STEPS steps
 //                          from it; `..._all` over every step, `..._growth` over the steps whose
@@ -52,6 +53,7 @@
 #include <exception>
 #include <fstream>
 #include <iterator>
+#include <memory>
 #include <set>
 #include <sstream>
 #include <string>
@@ -64,12 +66,14 @@
 
 #include "cc/engines/aoti/aoti_engine.h"
 #include "cc/kvcache/c_api.h"
+#include "cc/runtime/device_allocators/pinned_planned_memory.h"
 #include "cc/runtime/testing/bare_engine.h"
 
 namespace {
 
 using executorch::extension::make_tensor_ptr;
 using executorch::extension::Module;
+using zerokv::runtime::PinnedPlannedMemory;
 using Clock = std::chrono::steady_clock;
 
 constexpr int kWarmup = 5;
@@ -101,6 +105,19 @@ std::vector<T> ReadFile(const std::string& path) {
   std::vector<T> values(bytes.size() / sizeof(T));
   std::memcpy(values.data(), bytes.data(), values.size() * sizeof(T));
   return values;
+}
+
+// Loads `method` over page-locked host buffers, which `memory` keeps: declared before `module`, it
+// outlives the method.
+void LoadPinned(Module& module, const std::string& method, std::unique_ptr<PinnedPlannedMemory>* memory) {
+  auto meta = module.method_meta(method);
+  if (!meta.ok()) Fail(method + ": no method meta, error " + std::to_string(static_cast<int>(meta.error())));
+  const zerokv::base::Status created = PinnedPlannedMemory::Create(meta.get(), method, memory);
+  if (!created.ok()) Fail(created.message());
+  const auto loaded = module.load_method(method, (*memory)->allocator());
+  if (loaded != executorch::runtime::Error::Ok) {
+    Fail(method + ": cannot load it over page-locked buffers, error " + std::to_string(static_cast<int>(loaded)));
+  }
 }
 
 // One decode step of `module`'s `method` at `position`: its logits, as float, when `logits` is set.
@@ -193,7 +210,9 @@ void Agree(Module& module, const std::string& method, const Reference& reference
 
 void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t steps,
                   const std::vector<int64_t>& positions) {
+  std::unique_ptr<PinnedPlannedMemory> memory;
   Module module(dir + "/runtime_owned/decode.pte", dir + "/runtime_owned/decode.ptd", Module::LoadMode::Mmap);
+  LoadPinned(module, "decode", &memory);
   Agree(module, "decode", reference, "runtime_owned");
   // The agreement left the caches at the reference's length: start over from position 0.
   ZeroKVSequence* caches = zerokv_kv_implicit_sequence();
@@ -244,7 +263,9 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
 
 void Static(const std::string& dir, const std::string& program, const std::string& variant, const Reference* reference,
             int64_t steps, const std::vector<int64_t>& positions) {
+  std::unique_ptr<PinnedPlannedMemory> memory;
   Module module(dir + "/static/" + program + ".pte", dir + "/static/" + program + ".ptd", Module::LoadMode::Mmap);
+  LoadPinned(module, "forward", &memory);
   if (reference != nullptr) Agree(module, "forward", *reference, variant);
   const uint64_t replays = zerokv::engines::CudaGraphReplays();
   for (int64_t position : positions) {

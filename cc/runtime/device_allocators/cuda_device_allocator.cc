@@ -8,7 +8,10 @@
 // selected, else on the legacy default stream:
 //   - an input copy is ordered before the kernels that read it: on the caller's stream by the
 //     stream itself; without one it completes before it returns (the delegate's own stream is
-//     non-blocking and does not wait for the legacy stream);
+//     non-blocking and does not wait for the legacy stream). From page-locked memory
+//     (PinnedPlannedMemory) a copy on the caller's stream completes before it returns too: the
+//     driver reads such a source when the stream reaches the copy, not before the call returns as
+//     it does a pageable one, and the next execute writes the same host buffer;
 //   - an output copy is ordered after the kernels that wrote it (on the caller's stream, or by the
 //     delegate having finished its own), and completes before it returns: the host reads it next.
 // Nothing here waits for the whole device: results must not depend on this allocator (another
@@ -31,6 +34,15 @@ using executorch::runtime::Result;
 using executorch::runtime::etensor::DeviceIndex;
 using executorch::runtime::etensor::DeviceType;
 using base::StreamHandle;
+
+bool PageLocked(const void* data) {
+  cudaPointerAttributes attributes{};
+  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return attributes.type == cudaMemoryTypeHost;
+}
 
 Error Failed(cudaError_t error, const char* what, size_t nbytes) {
   ET_LOG(Error, "zerokv CUDA allocator: %s of %zu bytes failed: %s", what, nbytes, cudaGetErrorString(error));
@@ -72,7 +84,7 @@ class CudaDeviceAllocator final : public executorch::runtime::DeviceAllocator {
     const std::optional<StreamHandle> caller_stream = CurrentCallerStream();
     auto stream = static_cast<cudaStream_t>(caller_stream.value_or(nullptr));
     if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream);
-    if (error == cudaSuccess && !caller_stream) error = cudaStreamSynchronize(stream);
+    if (error == cudaSuccess && (!caller_stream || PageLocked(src))) error = cudaStreamSynchronize(stream);
     if (error != cudaSuccess) return Failed(error, "host-to-device copy", nbytes);
     CountHostToDevice(nbytes);
     return Error::Ok;

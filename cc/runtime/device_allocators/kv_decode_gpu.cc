@@ -5,12 +5,14 @@
 //   kv_decode_gpu check DIR own-stream|caller-stream [STEPS]
 //     DIR/kv_decode.pte's prefill, then each decode step, against eager's logits (DIR/reference.bin)
 //     for the same tokens (DIR/tokens.bin); then DIR/kv_decode_graph.pte's, whose engines capture
-//     their runs as CUDA graphs and replay them. The caches are runtime-owned and grow while
-//     decoding.
+//     their runs as CUDA graphs and replay them, loaded over page-locked host buffers
+//     (PinnedPlannedMemory: the logits must come back into page-locked memory). The caches are
+//     runtime-owned and grow while decoding.
 //     With caller-stream every execute runs under a CallerStreamGuard on a cudaStreamNonBlocking
 //     stream; the only host synchronization per step is the allocator's wait before it copies the
-//     logits out, so a missing dependency (a step reading the KV before the previous step wrote
-//     it, an input copy racing the kernels) shows up as logits that differ from eager.
+//     logits out (and, over page-locked buffers, after each input's copy), so a missing dependency
+//     (a step reading the KV before the previous step wrote it, an input copy racing the kernels)
+//     shows up as logits that differ from eager.
 //
 //   kv_decode_gpu bench DIR CTX...
 //     Per decode step latency (median) and bytes copied host<->device at each context length, side
@@ -43,6 +45,7 @@
 #include "cc/kvcache/c_api.h"
 #include "cc/runtime/caller_stream.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
+#include "cc/runtime/device_allocators/pinned_planned_memory.h"
 #include "cc/runtime/testing/bare_engine.h"
 #include "cc/runtime/testing/gpu_check.h"
 
@@ -68,8 +71,10 @@ std::vector<T> ReadFile(const std::string& path) {
 
 uint64_t CopiedBytes() { return zerokv_host_to_device_bytes() + zerokv_device_to_host_bytes(); }
 
-// Runs `method` of `module` on [1, tokens] tokens at `position`; returns the logits (host memory).
-std::vector<float> Step(Module& module, const std::string& method, std::vector<int64_t> tokens, int64_t position) {
+// Runs `method` of `module` on [1, tokens] tokens at `position`; returns the logits (host memory),
+// and where the method left them in `logits_data` when given.
+std::vector<float> Step(Module& module, const std::string& method, std::vector<int64_t> tokens, int64_t position,
+                        const void** logits_data = nullptr) {
   const auto count = static_cast<executorch::aten::SizesType>(tokens.size());
   auto token_tensor = make_tensor_ptr({1, count}, std::move(tokens));
   auto position_tensor = make_tensor_ptr(std::vector<executorch::aten::SizesType>{}, std::vector<int64_t>{position});
@@ -80,6 +85,7 @@ std::vector<float> Step(Module& module, const std::string& method, std::vector<i
     std::exit(1);
   }
   const auto& logits = outputs.get().at(0).toTensor();
+  if (logits_data != nullptr) *logits_data = logits.const_data_ptr();
   return std::vector<float>(logits.const_data_ptr<float>(), logits.const_data_ptr<float>() + logits.numel());
 }
 
@@ -145,10 +151,24 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
                   const std::vector<float>& reference) {
   ZeroKVSequence* caches = zerokv_kv_sequence_create();
   zerokv_kv_sequence_select(caches);  // the Module loads at home there
+  const bool pinned = program == "kv_decode_graph";
+  std::vector<std::unique_ptr<zerokv::runtime::PinnedPlannedMemory>> memory;  // outlives the module
   Module module(dir + "/" + program + ".pte", dir + "/" + program + ".ptd", Module::LoadMode::Mmap);
-  CHECK(module.load_method("decode") == executorch::runtime::Error::Ok &&
-            module.load_method("prefill") == executorch::runtime::Error::Ok,
-        "%s: cannot load its methods", program.c_str());
+  for (const char* method : {"decode", "prefill"}) {
+    executorch::runtime::HierarchicalAllocator* planned = nullptr;
+    if (pinned) {
+      auto meta = module.method_meta(method);
+      CHECK(meta.ok(), "%s: no meta for %s", program.c_str(), method);
+      if (!meta.ok()) return;
+      memory.emplace_back();
+      const zerokv::base::Status created = zerokv::runtime::PinnedPlannedMemory::Create(meta.get(), method, &memory.back());
+      CHECK(created.ok(), "%s: %s", program.c_str(), created.message().c_str());
+      if (!created.ok()) return;
+      planned = memory.back()->allocator();
+    }
+    CHECK(module.load_method(method, planned) == executorch::runtime::Error::Ok, "%s: cannot load %s%s",
+          program.c_str(), method, pinned ? " over page-locked buffers" : "");
+  }
   zerokv_kv_sequence_select(nullptr);
   const uint64_t replays_before = zerokv::engines::CudaGraphReplays();
   const uint64_t updates_before = zerokv::engines::CudaGraphUpdates();
@@ -161,7 +181,12 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
   {
     std::optional<zerokv::runtime::CallerStreamGuard> guard;  // own-stream: none at all
     if (caller_stream) guard.emplace(stream);
-    auto logits = Step(module, "prefill", std::vector<int64_t>(tokens.begin(), tokens.begin() + prompt), 0);
+    const void* logits_data = nullptr;
+    auto logits = Step(module, "prefill", std::vector<int64_t>(tokens.begin(), tokens.begin() + prompt), 0, &logits_data);
+    cudaPointerAttributes attributes{};
+    CUDA_OK(cudaPointerGetAttributes(&attributes, logits_data));
+    CHECK((attributes.type == cudaMemoryTypeHost) == pinned, "%s: the logits came back into %s memory", program.c_str(),
+          attributes.type == cudaMemoryTypeHost ? "page-locked" : "pageable");
     Compare(logits, reference.data(), vocab, "prefill", 0, &min_cosine, &max_error);
     for (int64_t step = 0; step < steps; ++step) {
       const int64_t position = prompt + step;

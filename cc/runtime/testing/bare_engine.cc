@@ -57,9 +57,10 @@ BareEngine::BareEngine(const std::string& blob_path, const std::string& data_pat
     }
     address_[binding.name] = data;
     if (binding.direction == blob::Direction::kInput && binding.dtype == blob::DType::kInt64) {
-      host_inputs_.push_back({data, binding.name.find("position") != std::string::npos});
+      host_inputs_.push_back({data, static_cast<int64_t*>(HostBuffer(sizeof(int64_t), binding.name)),
+                              binding.name.find("position") != std::string::npos});
     } else if (binding.direction == blob::Direction::kOutput && !aliased.count(binding.name)) {
-      host_outputs_.push_back({binding.name, data, blob::ElementBytes(binding.dtype), std::vector<uint8_t>(bytes)});
+      host_outputs_.push_back({binding.name, data, blob::ElementBytes(binding.dtype), HostBuffer(bytes, binding.name), bytes});
     }
     if (binding.direction == blob::Direction::kInput) {
       Require(engine_->SetInputShape(binding.name, shape), binding.name);
@@ -70,6 +71,7 @@ BareEngine::BareEngine(const std::string& blob_path, const std::string& data_pat
 
 BareEngine::~BareEngine() {
   for (void* data : owned_) cudaFree(data);
+  for (void* data : owned_host_) cudaFreeHost(data);
   cudaStreamDestroy(stream_);
 }
 
@@ -88,10 +90,18 @@ void BareEngine::Step() {
   CudaOk(cudaStreamSynchronize(stream_), "synchronizing");
 }
 
+void* BareEngine::HostBuffer(size_t bytes, const std::string& name) {
+  void* data = nullptr;
+  CudaOk(cudaMallocHost(&data, std::max<size_t>(bytes, 1)), "allocating the host's " + name);
+  owned_host_.push_back(data);
+  return data;
+}
+
 void BareEngine::StepWithHostIO(int64_t token, int64_t position) {
+  // Each host buffer is free again at the step's end, which finishes the stream.
   for (const HostInput& input : host_inputs_) {
-    CudaOk(cudaMemcpyAsync(input.device, input.is_position ? &position : &token, sizeof(int64_t),
-                           cudaMemcpyHostToDevice, stream_),
+    *input.host = input.is_position ? position : token;
+    CudaOk(cudaMemcpyAsync(input.device, input.host, sizeof(int64_t), cudaMemcpyHostToDevice, stream_),
            "writing an input");
   }
   Require(engine_->Enqueue(stream_), "Enqueue");
@@ -100,7 +110,7 @@ void BareEngine::StepWithHostIO(int64_t token, int64_t position) {
     Require(engine_->OutputShape(output.name, &shape), output.name);
     size_t bytes = output.element_bytes;
     for (int64_t extent : shape) bytes *= static_cast<size_t>(extent);
-    CudaOk(cudaMemcpyAsync(output.host.data(), output.device, std::min(bytes, output.host.size()),
+    CudaOk(cudaMemcpyAsync(output.host, output.device, std::min(bytes, output.host_bytes),
                            cudaMemcpyDeviceToHost, stream_),
            "reading " + output.name);
   }

@@ -38,11 +38,15 @@ class BareEngine {
 
   // A step as a runtime serving a host caller makes it: `token` into the int64 input that is not a
   // position and `position` into those that are, copied from the host on the engine's stream
-  // before Enqueue, and every output that aliases no input copied back to the host after it.
+  // before Enqueue, and every output that aliases no input copied back to the host after it. The
+  // host's side of each copy is page-locked, as zerokv's programs' host buffers are in the benches
+  // (PinnedPlannedMemory).
   void StepWithHostIO(int64_t token, int64_t position);
 
  private:
   void Require(const base::Status& status, const std::string& what) const;
+  // `bytes` of page-locked host memory, freed with the engine.
+  void* HostBuffer(size_t bytes, const std::string& name);
 
   std::string path_;
   std::vector<uint8_t> bytes_;
@@ -52,15 +56,18 @@ class BareEngine {
   std::unique_ptr<engines::Engine> engine_;
   std::map<std::string, void*> address_;
   std::vector<void*> owned_;
+  std::vector<void*> owned_host_;  // page-locked
   struct HostInput {
     void* device;
+    int64_t* host;
     bool is_position;
   };
   struct HostOutput {
     std::string name;
     void* device;
     size_t element_bytes;
-    std::vector<uint8_t> host;  // its largest shape's bytes
+    void* host;  // its largest shape's bytes
+    size_t host_bytes;
   };
   std::vector<HostInput> host_inputs_;    // StepWithHostIO's int64 inputs
   std::vector<HostOutput> host_outputs_;  // and the outputs it copies back
