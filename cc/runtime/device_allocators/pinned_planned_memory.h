@@ -4,8 +4,9 @@
 //
 // A method whose delegates run on CUDA copies its host inputs in and its host outputs out at every
 // execute (ExecuTorch's et_copy ops, through the CUDA DeviceAllocator). From pageable memory the
-// driver stages each copy through a buffer of its own: on an H200 the 1B decode step's 256 KiB of
-// logits took about 33 us to come back into pageable memory and 11 us into page-locked memory.
+// driver stages each copy through a buffer of its own: on an H200 the 1B decode step (its token and
+// position in, 256 KiB of logits out) took 0.024 ms less over page-locked buffers, 2.5-2.8% of it
+// (tools/bench/results/h200/pinned_planned_memory_ab_480370a.md).
 // Module allocates its host buffers with malloc; this allocates them with cudaHostAlloc, and the
 // device buffers as Module does (DeviceMemoryBuffer: the DeviceAllocator registered for their
 // device type).
