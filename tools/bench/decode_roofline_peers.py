@@ -55,16 +55,29 @@ def _place(cache, position):
 
 
 def time_steps(forward, cache, position, warmup, steps, vocab, model_device):
-    """Per-step milliseconds of `steps` decode steps from `position`, after `warmup` ones."""
+    """Per-step milliseconds of `steps` decode steps from `position`, after `warmup` ones. The host's
+    side of each copy is page-locked on a CUDA device, as zerokv's programs' host buffers are
+    (PinnedPlannedMemory); each step ends synchronized, so the next may write them again."""
     _place(cache, position - warmup)
+    pinned = torch.device(model_device).type == "cuda"
+    token_host = torch.empty((1, 1), dtype=torch.long, pin_memory=pinned)
+    position_host = torch.empty((1, 1), dtype=torch.long, pin_memory=pinned)
+    logits_host = None
     times = []
     with torch.no_grad():
         for step in range(warmup + steps):
             at = position - warmup + step
             started = time.perf_counter()
-            token = torch.tensor([[at * 7 % vocab]]).to(model_device)
-            positions = torch.tensor([[at]]).to(model_device)
-            forward(input_ids=token, position_ids=positions, past_key_values=cache, use_cache=True).logits.cpu()
+            token_host.fill_(at * 7 % vocab)
+            position_host.fill_(at)
+            token = token_host.to(model_device, non_blocking=True)
+            positions = position_host.to(model_device, non_blocking=True)
+            logits = forward(input_ids=token, position_ids=positions, past_key_values=cache, use_cache=True).logits
+            if logits_host is None:
+                logits_host = torch.empty(logits.shape, dtype=logits.dtype, pin_memory=pinned)
+            logits_host.copy_(logits, non_blocking=True)
+            if pinned:
+                torch.cuda.synchronize(model_device)
             times.append((time.perf_counter() - started) * 1e3)
     if int(cache.layers[0].cumulative_length) != position + steps:
         raise SystemExit(f"the StaticCache is at {int(cache.layers[0].cumulative_length)} after decoding to "
