@@ -39,7 +39,8 @@ class DeviceOps {
   virtual Status FreeAsync(void* data, StreamHandle stream) = 0;
 
   // Enqueues a copy on `stream`. A host source or destination must stay valid until the stream
-  // reaches the copy (host-to-device from pageable memory is safe once this returns).
+  // reaches the copy (host-to-device from pageable memory is safe once this returns; from
+  // page-locked memory it is read only when the stream reaches the copy).
   virtual Status Copy(void* dst, const void* src, size_t bytes, CopyKind kind,
                       StreamHandle stream) = 0;
   // Enqueues a copy of `rows` rows of `row_bytes` each, `src_pitch` and `dst_pitch` bytes apart.
@@ -62,6 +63,9 @@ class DeviceOps {
   // Whether the hardware says `data` is memory this device computes on directly (cudaMalloc'd or
   // managed memory for CUDA). Host engines compute on any memory.
   virtual bool IsDeviceMemory(const void* data) const = 0;
+  // Whether `data` is host memory the device reads directly (page-locked: cudaHostAlloc'd or
+  // registered), which a copy reads only when its stream reaches it. Never on a host engine.
+  virtual bool IsPageLocked(const void* data) const = 0;
 };
 
 }  // namespace zerokv::base

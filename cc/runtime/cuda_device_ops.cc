@@ -4,6 +4,7 @@
 
 #include <string>
 
+#include "cc/runtime/cuda_pointers.h"
 #include "cc/runtime/device_ops.h"
 
 namespace zerokv::runtime {
@@ -131,14 +132,8 @@ class CudaDeviceOps final : public DeviceOps {
                        "cudaStreamSynchronize");
     return Status::Ok();
   }
-  bool IsDeviceMemory(const void* data) const override {
-    cudaPointerAttributes attributes{};
-    if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
-      cudaGetLastError();  // A host pointer may leave a sticky "invalid value" on old drivers.
-      return false;
-    }
-    return attributes.type == cudaMemoryTypeDevice || attributes.type == cudaMemoryTypeManaged;
-  }
+  bool IsDeviceMemory(const void* data) const override { return IsCudaDeviceMemory(data); }
+  bool IsPageLocked(const void* data) const override { return IsPageLockedHostMemory(data); }
 
  private:
   Status MakeCurrent() const {

@@ -69,7 +69,8 @@ Status Resize(Tensor& tensor, const std::vector<int64_t>& shape) {
 struct Delegate::Plan {
   std::vector<Tensor*> tensors;  // the argument's tensor; nullptr for an elided output
   std::vector<bool> staged;
-  bool synchronize = false;  // finish the stream before returning: host outputs, or our own stream
+  // Finish the stream before returning: host outputs, page-locked host inputs, or our own stream.
+  bool synchronize = false;
   uint64_t step = 0;      // tokens this execute writes into the runtime-owned caches
   uint64_t position = 0;  // the first of them: the caches' committed position count
 };
@@ -339,6 +340,16 @@ Status Delegate::EnsureStaging(Binding& binding) {
   return ops_->Allocate(*binding.max_bytes, &binding.staging);
 }
 
+bool Delegate::StagesFromPageLockedMemory(const Plan& plan) const {
+  for (size_t i = 0; i < bindings_.size(); ++i) {
+    if (plan.staged[i] && bindings_[i].spec.direction == blob::Direction::kInput &&
+        ops_->IsPageLocked(plan.tensors[i]->const_data_ptr())) {
+      return true;
+    }
+  }
+  return false;
+}
+
 Status Delegate::Validate(Span<EValue*> args, Plan* plan) {
   if (args.size() != signature_.arity()) {
     return InvalidArgument(
@@ -470,6 +481,9 @@ Status Delegate::Execute(Span<EValue*> args) {
   StreamHandle stream = caller_stream ? *caller_stream : own_stream_;
   // Nothing outside zerokv can order work after our own stream: finish it before returning.
   if (!caller_stream && own_stream_) plan.synchronize = true;
+  // Asked at every such step, not once per address: a caller's buffer may be freed and its address
+  // reused by memory of the other kind.
+  if (!plan.synchronize && StagesFromPageLockedMemory(plan)) plan.synchronize = true;
   Status status = Status::Ok();
   if (in_flight_) {
     // The last execute's work (possibly on another stream) reads and writes the same staging

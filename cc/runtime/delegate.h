@@ -19,8 +19,9 @@
 // order work after ours, so execute finishes its own stream before returning, whatever reads the
 // results next (ExecuTorch's copies through any DeviceAllocator, a device-resident method output,
 // another backend). On a caller stream execute returns with the work in flight (a staged output
-// excepted: the caller reads it on the host) and records an event that the next execute's stream
-// waits on and destruction drains.
+// excepted: the caller reads it on the host; and a staged input in page-locked memory, which the
+// copy reads only when the stream reaches it while the caller may write it once execute returns)
+// and records an event that the next execute's stream waits on and destruction drains.
 //
 // Runtime-owned KV caches (the blob's kv_layers): their K and V inputs, and the outputs aliased to
 // them, are not arguments. Each execute runs on a sequence (cc/kvcache/sequence.h): the one current
@@ -145,6 +146,8 @@ class Delegate {
   // releases it.
   void ReleaseRetiredStorage(StreamHandle stream);
   Status EnsureStaging(Binding& binding);
+  // Whether a staged input of the plan is copied from page-locked host memory.
+  bool StagesFromPageLockedMemory(const Plan& plan) const;
   Status Drain();
 
   std::unique_ptr<engines::Engine> engine_;

@@ -407,6 +407,29 @@ TEST_F(DelegateTest, StagesHostInputsAndOutputsAndSynchronizesOnlyThen) {
   EXPECT_EQ(record_.events_recorded, 0);
 }
 
+// On a caller's stream the caller may write an input's host buffer once execute returns; a copy from
+// page-locked memory reads it only when the stream gets there, so that step finishes the stream.
+TEST_F(DelegateTest, UnderACallerStreamAStagedInputInPageLockedMemoryFinishesTheStream) {
+  CreateOrDie(DecodeBlob(true), ComputeDevice::kCuda);
+  OwnedTensor<int64_t> tokens(ScalarType::Long, {1, 2}, ET::CPU);  // host: staged in
+  OwnedTensor<float> cache(ScalarType::Float, {1, 2, kPositions, 4}, ET::CUDA, DeviceCache());
+  OwnedTensor<float> logits(ScalarType::Float, {1, 4, 3}, ET::CUDA);
+  record_.device_memory.insert(logits.data());
+  EValue* args[] = {tokens.value(), cache.value(), logits.value()};
+  int caller_stream = 0;
+  CallerStreamGuard guard(&caller_stream);
+
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());  // pageable: left in flight
+  EXPECT_EQ(record_.synchronizations, 0);
+  EXPECT_EQ(record_.events_recorded, 1);
+
+  record_.page_locked.insert(tokens.data());
+  ASSERT_TRUE(delegate_->Execute(Span<EValue*>(args, 3)).ok());
+  EXPECT_EQ(record_.synchronized_streams, std::vector<StreamHandle>{&caller_stream});
+  EXPECT_EQ(record_.events_recorded, 1);
+  EXPECT_EQ(record_.page_locked_queries, 2);  // asked at each step
+}
+
 TEST_F(DelegateTest, AnArgumentWhoseLargestSizeOverflowsIsNotStaged) {
   // 8 bytes x 2^62 tokens: the largest size the blob allows does not fit in a size_t.
   blob::Blob blob = DecodeBlob(true);

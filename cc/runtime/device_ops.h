@@ -43,6 +43,7 @@ class HostDeviceOps final : public DeviceOps {
   Status SynchronizeEvent(EventHandle) override { return Status::Ok(); }
   Status SynchronizeStream(StreamHandle) override { return Status::Ok(); }
   bool IsDeviceMemory(const void*) const override { return true; }
+  bool IsPageLocked(const void*) const override { return false; }
 };
 
 // The DeviceOps for an engine's compute device: host, or CUDA where this runtime was built with a

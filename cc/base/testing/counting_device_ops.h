@@ -51,6 +51,8 @@ class CountingDeviceOps final : public DeviceOps {
     // An allocation of more bytes fails, as on a device with this much memory.
     size_t capacity = std::numeric_limits<size_t>::max();
     std::set<const void*> device_memory;  // what IsDeviceMemory accepts besides allocations
+    std::set<const void*> page_locked;    // what IsPageLocked accepts
+    int page_locked_queries = 0;          // IsPageLocked calls
     std::mutex mutex;                     // held by every operation
   };
 
@@ -150,6 +152,11 @@ class CountingDeviceOps final : public DeviceOps {
     std::lock_guard<std::mutex> lock(record_->mutex);
     ++record_->device_memory_queries;
     return record_->device_memory.count(data) != 0;
+  }
+  bool IsPageLocked(const void* data) const override {
+    std::lock_guard<std::mutex> lock(record_->mutex);
+    ++record_->page_locked_queries;
+    return record_->page_locked.count(data) != 0;
   }
 
  private:

@@ -24,6 +24,7 @@
 #include <executorch/runtime/platform/log.h>
 
 #include "cc/runtime/caller_stream.h"
+#include "cc/runtime/cuda_pointers.h"
 #include "cc/runtime/device_allocators/copy_counters.h"
 
 namespace zerokv::runtime {
@@ -34,15 +35,6 @@ using executorch::runtime::Result;
 using executorch::runtime::etensor::DeviceIndex;
 using executorch::runtime::etensor::DeviceType;
 using base::StreamHandle;
-
-bool PageLocked(const void* data) {
-  cudaPointerAttributes attributes{};
-  if (cudaPointerGetAttributes(&attributes, data) != cudaSuccess) {
-    cudaGetLastError();
-    return false;
-  }
-  return attributes.type == cudaMemoryTypeHost;
-}
 
 Error Failed(cudaError_t error, const char* what, size_t nbytes) {
   ET_LOG(Error, "zerokv CUDA allocator: %s of %zu bytes failed: %s", what, nbytes, cudaGetErrorString(error));
@@ -84,7 +76,7 @@ class CudaDeviceAllocator final : public executorch::runtime::DeviceAllocator {
     const std::optional<StreamHandle> caller_stream = CurrentCallerStream();
     auto stream = static_cast<cudaStream_t>(caller_stream.value_or(nullptr));
     if (error == cudaSuccess) error = cudaMemcpyAsync(dst, src, nbytes, cudaMemcpyHostToDevice, stream);
-    if (error == cudaSuccess && (!caller_stream || PageLocked(src))) error = cudaStreamSynchronize(stream);
+    if (error == cudaSuccess && (!caller_stream || IsPageLockedHostMemory(src))) error = cudaStreamSynchronize(stream);
     if (error != cudaSuccess) return Failed(error, "host-to-device copy", nbytes);
     CountHostToDevice(nbytes);
     return Error::Ok;
