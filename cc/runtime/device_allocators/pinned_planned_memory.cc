@@ -27,8 +27,8 @@ base::Status PinnedPlannedMemory::Create(const executorch::runtime::MethodMeta& 
       return base::InvalidProgram(what + ": the program gives no size or device for it");
     }
     const auto bytes = static_cast<size_t>(size.get());
-    void* data = nullptr;
-    if (device->is_cpu()) {
+    void* data = nullptr;  // a zero-byte buffer holds nothing: nothing to allocate
+    if (bytes != 0 && device->is_cpu()) {
       const cudaError_t error = cudaHostAlloc(&data, bytes, cudaHostAllocDefault);
       if (error != cudaSuccess) {
         cudaGetLastError();
@@ -37,7 +37,7 @@ base::Status PinnedPlannedMemory::Create(const executorch::runtime::MethodMeta& 
       }
       planned->host_buffers_.emplace_back(data);
       std::memset(data, 0, bytes);  // as Module's host buffers start
-    } else {
+    } else if (bytes != 0) {
       auto buffer = DeviceMemoryBuffer::create(bytes, device->type(), device->index());
       if (!buffer.ok()) {
         return base::Status(buffer.error(),
