@@ -107,17 +107,10 @@ std::vector<T> ReadFile(const std::string& path) {
   return values;
 }
 
-// Loads `method` over page-locked host buffers, which `memory` keeps: declared before `module`, it
-// outlives the method.
+// Loads `method` over page-locked host buffers, which `memory` keeps.
 void LoadPinned(Module& module, const std::string& method, std::unique_ptr<PinnedPlannedMemory>* memory) {
-  auto meta = module.method_meta(method);
-  if (!meta.ok()) Fail(method + ": no method meta, error " + std::to_string(static_cast<int>(meta.error())));
-  const zerokv::base::Status created = PinnedPlannedMemory::Create(meta.get(), method, memory);
-  if (!created.ok()) Fail(created.message());
-  const auto loaded = module.load_method(method, (*memory)->allocator());
-  if (loaded != executorch::runtime::Error::Ok) {
-    Fail(method + ": cannot load it over page-locked buffers, error " + std::to_string(static_cast<int>(loaded)));
-  }
+  const zerokv::base::Status loaded = PinnedPlannedMemory::LoadMethod(module, method, memory);
+  if (!loaded.ok()) Fail(loaded.message());
 }
 
 // One decode step of `module`'s `method` at `position`: its logits, as float, when `logits` is set.

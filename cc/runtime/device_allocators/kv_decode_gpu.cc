@@ -155,19 +155,13 @@ void CheckProgram(const std::string& dir, const std::string& program, bool calle
   std::vector<std::unique_ptr<zerokv::runtime::PinnedPlannedMemory>> memory;  // outlives the module
   Module module(dir + "/" + program + ".pte", dir + "/" + program + ".ptd", Module::LoadMode::Mmap);
   for (const char* method : {"decode", "prefill"}) {
-    executorch::runtime::HierarchicalAllocator* planned = nullptr;
     if (pinned) {
-      auto meta = module.method_meta(method);
-      CHECK(meta.ok(), "%s: no meta for %s", program.c_str(), method);
-      if (!meta.ok()) return;
       memory.emplace_back();
-      const zerokv::base::Status created = zerokv::runtime::PinnedPlannedMemory::Create(meta.get(), method, &memory.back());
-      CHECK(created.ok(), "%s: %s", program.c_str(), created.message().c_str());
-      if (!created.ok()) return;
-      planned = memory.back()->allocator();
+      const zerokv::base::Status loaded = zerokv::runtime::PinnedPlannedMemory::LoadMethod(module, method, &memory.back());
+      CHECK(loaded.ok(), "%s: %s", program.c_str(), loaded.message().c_str());
+    } else {
+      CHECK(module.load_method(method) == executorch::runtime::Error::Ok, "%s: cannot load %s", program.c_str(), method);
     }
-    CHECK(module.load_method(method, planned) == executorch::runtime::Error::Ok, "%s: cannot load %s%s",
-          program.c_str(), method, pinned ? " over page-locked buffers" : "");
   }
   zerokv_kv_sequence_select(nullptr);
   const uint64_t replays_before = zerokv::engines::CudaGraphReplays();

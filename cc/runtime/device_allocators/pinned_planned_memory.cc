@@ -59,4 +59,21 @@ base::Status PinnedPlannedMemory::Create(const executorch::runtime::MethodMeta& 
   return base::Status::Ok();
 }
 
+base::Status PinnedPlannedMemory::LoadMethod(executorch::extension::Module& module,
+                                             const std::string& method,
+                                             std::unique_ptr<PinnedPlannedMemory>* memory) {
+  auto meta = module.method_meta(method);
+  if (!meta.ok()) {
+    return base::Status(meta.error(), "method '" + method + "': the program gives no meta for it");
+  }
+  std::unique_ptr<PinnedPlannedMemory> planned;
+  ZEROKV_RETURN_IF_ERROR(Create(meta.get(), method, &planned));
+  const executorch::runtime::Error loaded = module.load_method(method, planned->allocator());
+  if (loaded != executorch::runtime::Error::Ok) {
+    return base::Status(loaded, "method '" + method + "': it did not load over page-locked buffers");
+  }
+  *memory = std::move(planned);
+  return base::Status::Ok();
+}
+
 }  // namespace zerokv::runtime

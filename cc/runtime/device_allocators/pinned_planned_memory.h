@@ -20,6 +20,7 @@
 #include <string>
 #include <vector>
 
+#include <executorch/extension/module/module.h>
 #include <executorch/runtime/core/device_memory_buffer.h>
 #include <executorch/runtime/core/hierarchical_allocator.h>
 #include <executorch/runtime/core/portable_type/device.h>
@@ -35,6 +36,10 @@ class PinnedPlannedMemory {
   // The buffers `meta` plans, for the method named `method` (named in errors only).
   static base::Status Create(const executorch::runtime::MethodMeta& meta, const std::string& method,
                              std::unique_ptr<PinnedPlannedMemory>* memory);
+  // Loads `method` of `module` over buffers made by Create, which `memory` then keeps: declared
+  // before `module`, it outlives the method. On failure `memory` is left as it was.
+  static base::Status LoadMethod(executorch::extension::Module& module, const std::string& method,
+                                 std::unique_ptr<PinnedPlannedMemory>* memory);
   PinnedPlannedMemory(const PinnedPlannedMemory&) = delete;
   PinnedPlannedMemory& operator=(const PinnedPlannedMemory&) = delete;
 

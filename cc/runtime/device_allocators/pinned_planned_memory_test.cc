@@ -80,5 +80,13 @@ TEST_F(PinnedPlannedMemoryTest, PlacesEachBufferOrSaysWhyNot) {
   }
 }
 
+TEST_F(PinnedPlannedMemoryTest, LoadMethodNamesAMissingMethodAndKeepsNothing) {
+  std::unique_ptr<PinnedPlannedMemory> memory;
+  const base::Status loaded = PinnedPlannedMemory::LoadMethod(*module_, "no_such_method", &memory);
+  ASSERT_FALSE(loaded.ok());
+  EXPECT_NE(loaded.message().find("method 'no_such_method'"), std::string::npos) << loaded.message();
+  EXPECT_EQ(memory, nullptr);
+}
+
 }  // namespace
 }  // namespace zerokv::runtime
