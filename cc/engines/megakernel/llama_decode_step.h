@@ -1,0 +1,90 @@
+// One decode step of a Llama-architecture decoder (RMSNorm, rotary attention with grouped KV
+// heads, SwiGLU MLP, tied or untied LM head) as a single persistent CUDA kernel.
+//
+// Why one kernel: a step of a 1B model is ~150 dependent kernels when each layer is its own chain
+// of norm, products, attention and combine; every boundary costs the memory system microseconds
+// it spends idle (tools/bench/decode_roofline_notes.md). Here one CTA per SM runs the whole step.
+// In each CTA a producer warp streams that CTA's slice of every weight matrix, in step order, into a
+// ring of shared-memory tiles with bulk copies (weights do not depend on the step's activations, so
+// it runs ahead across stages), while the consumer warps wait at a grid barrier for the activations
+// of the stage before. The barriers' latency is thus spent with the ring filling, not with HBM idle.
+//
+// Contract:
+//  - Weights are BF16, row-major [out, in] as torch.nn.Linear keeps them; `qkv` is q, k and v
+//    stacked by rows ([heads + 2 * kv_heads] * head_dim rows). The KV caches are BF16
+//    [kv_heads, capacity, head_dim] per layer (a transformers StaticCache layer of batch 1).
+//  - `token` and `position` are device int64 scalars read at the start of the step, so one CUDA
+//    graph serves every step. The step attends over positions [0, position] (the cache's rows
+//    below `position` and this step's K and V) and writes this step's K and V at row `position`.
+//  - A position outside [0, capacity) or a token outside [0, vocab) does no work: no cache row and
+//    no logit is written, and the workspace's error word is set (DecodeStepError reads it).
+//  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
+//    and used by no one else; its barrier counters return to zero at the end of every step.
+//  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
+//    error at launch rather than a deadlock. Capturable in a CUDA graph.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include <cuda_bf16.h>
+#include <cuda_runtime_api.h>
+
+namespace zerokv::engines::megakernel {
+
+inline constexpr int kMaxLayers = 32;  // the kernel parameters stay under 4 KiB
+
+struct LlamaShape {
+  int layers = 0;
+  int hidden = 0;
+  int heads = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  int ffn = 0;
+  int vocab = 0;
+  int capacity = 0;  // KV cache rows per layer
+  float rms_eps = 1e-5f;
+};
+
+struct LlamaLayer {
+  const __nv_bfloat16* input_norm;  // [hidden]
+  const __nv_bfloat16* qkv;         // [(heads + 2 * kv_heads) * head_dim, hidden]
+  const __nv_bfloat16* o;           // [hidden, heads * head_dim]
+  const __nv_bfloat16* post_norm;   // [hidden]
+  const __nv_bfloat16* gate;        // [ffn, hidden]
+  const __nv_bfloat16* up;          // [ffn, hidden]
+  const __nv_bfloat16* down;        // [hidden, ffn]
+  __nv_bfloat16* k_cache;           // [kv_heads, capacity, head_dim]
+  __nv_bfloat16* v_cache;           // [kv_heads, capacity, head_dim]
+};
+
+struct LlamaDecodeArgs {
+  LlamaShape shape;
+  LlamaLayer layer[kMaxLayers];
+  const __nv_bfloat16* embedding;   // [vocab, hidden]
+  const __nv_bfloat16* final_norm;  // [hidden]
+  const __nv_bfloat16* lm_head;     // [vocab, hidden]; the embedding when tied
+  const float* inv_freq;            // [head_dim / 2], scaled as the rotary embedding's
+  float rope_attention_scaling = 1.0f;
+  const int64_t* token;
+  const int64_t* position;
+  __nv_bfloat16* logits;            // [vocab], in the model's dtype as transformers returns them
+  void* workspace;
+};
+
+// Why `shape` cannot run here, or empty when it can.
+std::string UnsupportedShape(const LlamaShape& shape);
+
+size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape);
+
+// Enqueues one step on `stream`. Fails, naming the cause, on an unsupported shape or a GPU that
+// cannot hold one CTA per SM.
+cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error);
+
+// The workspace's error word after a step: 0, or kBadPosition / kBadToken. Synchronous.
+inline constexpr uint32_t kBadPosition = 1;
+inline constexpr uint32_t kBadToken = 2;
+cudaError_t DecodeStepError(const LlamaShape& shape, const void* workspace, uint32_t* error);
+
+}  // namespace zerokv::engines::megakernel
