@@ -17,7 +17,8 @@
 //    graph serves every step. The step attends over positions [0, position] (the cache's rows
 //    below `position` and this step's K and V) and writes this step's K and V at row `position`.
 //  - A position outside [0, capacity) or a token outside [0, vocab) does no work: no cache row and
-//    no logit is written, and the workspace's error word is set (DecodeStepError reads it).
+//    no logit is written, and the workspace's error word is set; it stays set until the workspace
+//    is zeroed again (DecodeStepError reads it).
 //  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
 //    and used by no one else; its barrier counters return to zero at the end of every step.
 //  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
@@ -82,7 +83,8 @@ size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape);
 // cannot hold one CTA per SM.
 cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error);
 
-// The workspace's error word after a step: 0, or kBadPosition / kBadToken. Synchronous.
+// The workspace's error word: 0, or the kBadPosition / kBadToken of the latest refused step since
+// the workspace was zeroed. Synchronous.
 inline constexpr uint32_t kBadPosition = 1;
 inline constexpr uint32_t kBadToken = 2;
 cudaError_t DecodeStepError(const LlamaShape& shape, const void* workspace, uint32_t* error);
