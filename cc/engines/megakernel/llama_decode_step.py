@@ -1,0 +1,196 @@
+"""The step of llama_decode_step.h over a transformers Llama model's own tensors, through ctypes.
+
+    library = load(path_to_libzerokv_megakernel_so)
+    step = LlamaDecodeStep(library, model, keys, values)  # keys/values: [kv_heads, capacity, head_dim]
+    step.token.fill_(token); step.position.fill_(position); step.launch()  # step.logits: [vocab]
+
+The step reads the model's weights where they are (only q, k and v are packed into one matrix) and
+updates `keys` and `values` in place. `check_against_transformers` is its contract as a check: the
+same step through transformers' StaticCache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+BAD_POSITION = 1  # kBadPosition in llama_decode_step.h
+BAD_TOKEN = 2  # kBadToken
+# Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
+STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+def load(path: str) -> ctypes.CDLL:
+    library = ctypes.CDLL(path)
+    library.zerokv_megakernel_workspace_bytes.restype = ctypes.c_size_t
+    library.zerokv_megakernel_workspace_bytes.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_char_p,
+                                                          ctypes.c_size_t]
+    library.zerokv_megakernel_launch.restype = ctypes.c_int
+    library.zerokv_megakernel_launch.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_double, ctypes.c_double,
+                                                 ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint64, ctypes.c_char_p,
+                                                 ctypes.c_size_t]
+    library.zerokv_megakernel_step_error.restype = ctypes.c_int
+    library.zerokv_megakernel_step_error.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
+    return library
+
+
+def _device_tensor(name, tensor, dtype):
+    if not (tensor.is_cuda and tensor.dtype == dtype and tensor.is_contiguous()):
+        raise ValueError(f"{name}: {tensor.dtype} on {tensor.device}, contiguous {tensor.is_contiguous()}; "
+                         f"the step needs a contiguous {dtype} CUDA tensor")
+    return tensor
+
+
+class LlamaDecodeStep:
+    """One decode step of `model` over the caches `keys` and `values` ([kv_heads, capacity, head_dim]
+    per layer), reading `token` and `position` from device scalars and writing `logits`."""
+
+    def __init__(self, library, model, keys, values):
+        config = model.config
+        rotary = model.model.rotary_emb
+        if rotary.rope_type not in STATIC_ROPE_TYPES:
+            raise ValueError(f"rope type {rotary.rope_type!r}: its frequencies change with the sequence; the step "
+                             f"takes them once ({', '.join(STATIC_ROPE_TYPES)})")
+        if len(keys) != config.num_hidden_layers or len(values) != config.num_hidden_layers:
+            raise ValueError(f"{len(keys)} key and {len(values)} value caches for {config.num_hidden_layers} layers")
+        bf16 = torch.bfloat16
+        self.library = library
+        self.shape = (ctypes.c_int64 * 8)(config.num_hidden_layers, config.hidden_size, config.num_attention_heads,
+                                          config.num_key_value_heads, config.head_dim, config.intermediate_size,
+                                          config.vocab_size, keys[0].shape[1])
+        cache_shape = (config.num_key_value_heads, keys[0].shape[1], config.head_dim)
+        for name, caches in (("keys", keys), ("values", values)):
+            for index, cache in enumerate(caches):
+                if tuple(cache.shape) != cache_shape:
+                    raise ValueError(f"{name}[{index}] is {tuple(cache.shape)}, not {cache_shape}")
+        error = ctypes.create_string_buffer(512)
+        workspace_bytes = library.zerokv_megakernel_workspace_bytes(self.shape, error, len(error))
+        if workspace_bytes == 0:
+            raise ValueError(error.value.decode())
+        self.keep = []  # the packed qkv matrices, alive as long as the step
+        tensors = []
+        for index, layer in enumerate(model.model.layers):
+            attention, mlp = layer.self_attn, layer.mlp
+            for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
+                               mlp.gate_proj, mlp.up_proj, mlp.down_proj):
+                if projection.bias is not None:
+                    raise ValueError(f"layers.{index}: a projection with a bias; the step has none")
+            qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]).contiguous()
+            self.keep.append(qkv)
+            tensors += [(f"layers.{index}.input_layernorm", layer.input_layernorm.weight, bf16),
+                        (f"layers.{index}.qkv", qkv, bf16),
+                        (f"layers.{index}.o_proj", attention.o_proj.weight, bf16),
+                        (f"layers.{index}.post_attention_layernorm", layer.post_attention_layernorm.weight, bf16),
+                        (f"layers.{index}.gate_proj", mlp.gate_proj.weight, bf16),
+                        (f"layers.{index}.up_proj", mlp.up_proj.weight, bf16),
+                        (f"layers.{index}.down_proj", mlp.down_proj.weight, bf16),
+                        (f"keys[{index}]", keys[index], bf16), (f"values[{index}]", values[index], bf16)]
+        self.inv_freq = rotary.inv_freq.float().contiguous()
+        self.attention_scaling = float(rotary.attention_scaling)
+        device = keys[0].device
+        self.token = torch.zeros((), dtype=torch.long, device=device)
+        self.position = torch.zeros((), dtype=torch.long, device=device)
+        self.logits = torch.zeros(config.vocab_size, dtype=bf16, device=device)
+        self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+        tensors += [("embed_tokens", model.model.embed_tokens.weight, bf16), ("norm", model.model.norm.weight, bf16),
+                    ("lm_head", model.lm_head.weight, bf16), ("inv_freq", self.inv_freq, torch.float32),
+                    ("token", self.token, torch.long), ("position", self.position, torch.long),
+                    ("logits", self.logits, bf16), ("workspace", self.workspace, torch.uint8)]
+        self.pointers = (ctypes.c_uint64 * len(tensors))(
+            *[_device_tensor(name, tensor, dtype).data_ptr() for name, tensor, dtype in tensors])
+        self.rms_eps = float(config.rms_norm_eps)
+
+    def launch(self):
+        """Enqueues the step on torch's current stream (capturable in a CUDA graph)."""
+        error = ctypes.create_string_buffer(512)
+        status = self.library.zerokv_megakernel_launch(self.shape, self.rms_eps, self.attention_scaling,
+                                                       self.pointers, torch.cuda.current_stream().cuda_stream,
+                                                       error, len(error))
+        if status != 0:
+            raise RuntimeError(f"the megakernel step failed (CUDA error {status}): {error.value.decode()}")
+
+    def error_word(self) -> int:
+        """BAD_POSITION or BAD_TOKEN when a step since the workspace was zeroed refused its input."""
+        word = self.library.zerokv_megakernel_step_error(self.shape, ctypes.c_void_p(self.workspace.data_ptr()))
+        if word < 0:
+            raise RuntimeError("the step's error word could not be read")
+        return word
+
+
+def _place(cache, position):
+    """Puts every layer of a transformers StaticCache at `position` (its layers write where their
+    cumulative_length says, not where the caller's positions say)."""
+    for layer in cache.layers:
+        if not hasattr(layer, "cumulative_length"):
+            raise RuntimeError(f"this transformers' {type(layer).__name__} has no cumulative_length: the check "
+                               "cannot place its cache at a position")
+        layer.cumulative_length.fill_(position)
+
+
+def check_against_transformers(model, step, cache, keys, values, positions, report=print):
+    """Mismatches of `step` against transformers' decode step over the StaticCache `cache`, whose
+    layers hold the same history as `keys` and `values`, at `positions` (ascending), as lines: the
+    logits (cosine 0.999 and the same top-1 unless the top two are within the step's error) and, in
+    every layer, the K and V rows written (2% of the row's largest) and the next row unchanged."""
+    failures = []
+    vocab = model.config.vocab_size
+    device = keys[0].device
+    for position in positions:
+        token = (position * 7 + 3) % vocab
+        _place(cache, position)
+        with torch.no_grad():
+            expected = model(input_ids=torch.tensor([[token]], device=device),
+                             position_ids=torch.tensor([[position]], device=device), past_key_values=cache,
+                             use_cache=True).logits[0, -1].float()
+        step.token.fill_(token)
+        step.position.fill_(position)
+        step.launch()
+        torch.cuda.synchronize()
+        got = step.logits.float()
+        cosine = torch.nn.functional.cosine_similarity(got, expected, dim=0).item()
+        worst = (got - expected).abs().max().item()
+        top1 = int(got.argmax()) == int(expected.argmax())
+        relative = []
+        for index, layer in enumerate(cache.layers):
+            for name, ours, theirs in (("K", keys[index], layer.keys[0]), ("V", values[index], layer.values[0])):
+                diff = (ours[:, position].float() - theirs[:, position].float()).abs().max().item()
+                scale = theirs[:, position].float().abs().max().item()
+                relative.append(diff / max(scale, 1e-6))
+                if diff > 0.02 * scale + 1e-3:
+                    failures.append(f"position {position}: layer {index} {name} row differs by {diff:.4g} "
+                                    f"(row's largest {scale:.4g})")
+                if position + 1 < ours.shape[1] and not torch.equal(ours[:, position + 1], theirs[:, position + 1]):
+                    failures.append(f"position {position}: layer {index} {name} row {position + 1} changed")
+        report(f"at {position}: logits cosine {cosine:.6f}, largest difference {worst:.4g} (largest logit "
+               f"{expected.abs().max().item():.4g}), top-1 {'same' if top1 else 'differs'}; K/V rows' largest "
+               f"relative difference {max(relative):.3g}")
+        best, second = expected.topk(2).values.tolist()
+        if cosine < 0.999 or (not top1 and best - second > 2 * worst):
+            failures.append(f"position {position}: logits cosine {cosine:.6f}, top-1 same {top1}")
+    return failures
+
+
+def check_refusals(step, keys, values):
+    """Mismatches of the step's guards, as lines: a position at the cache's capacity, a negative one
+    and a token outside the vocabulary each set the error word and write no logit and no cache row.
+    Leaves the workspace zeroed."""
+    failures = []
+    capacity, vocab = keys[0].shape[1], step.logits.shape[0]
+    for what, token, position, word in (("position at the capacity", 0, capacity, BAD_POSITION),
+                                        ("negative position", 0, -1, BAD_POSITION),
+                                        ("token at the vocabulary's size", vocab, 5, BAD_TOKEN)):
+        before = [cache.clone() for cache in (keys[0], values[0], keys[-1], values[-1])]
+        step.workspace.zero_()
+        step.logits.fill_(7.0)
+        step.token.fill_(token)
+        step.position.fill_(position)
+        step.launch()
+        torch.cuda.synchronize()
+        if step.error_word() != word:
+            failures.append(f"{what}: error word {step.error_word()}, not {word}")
+        after = (keys[0], values[0], keys[-1], values[-1])
+        if not (step.logits == 7.0).all() or not all(torch.equal(b, a) for b, a in zip(before, after)):
+            failures.append(f"{what}: the step wrote logits or cache rows")
+    step.workspace.zero_()
+    return failures

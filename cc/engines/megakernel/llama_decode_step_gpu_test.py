@@ -1,0 +1,98 @@
+"""The persistent decode step against transformers' own, on an sm_90 GPU: logits, the K and V rows
+written in every layer, the rows left alone, the input guards, and the step replayed as a CUDA graph."""
+
+import os
+
+import pytest
+import torch
+
+from cc.engines.megakernel import llama_decode_step as megakernel
+
+if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
+    pytest.skip("needs an sm_90 GPU (the step is sm_90a code)", allow_module_level=True)
+transformers = pytest.importorskip("transformers")
+
+LIBRARY = os.environ["ZEROKV_MEGAKERNEL_LIBRARY"]
+
+# A small model with many attention splits per KV head (2 KV heads over the GPU's SMs), and the
+# Llama-3.2-1B layer shape (its rotary scaling, tied embeddings), two layers of it.
+SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1536, num_hidden_layers=2, num_attention_heads=8,
+             num_key_value_heads=2, head_dim=64, max_position_embeddings=8192, tie_word_embeddings=False)
+LLAMA_3_2_1B = dict(vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=2,
+                    num_attention_heads=32, num_key_value_heads=8, head_dim=64, max_position_embeddings=131072,
+                    rms_norm_eps=1e-5, tie_word_embeddings=True,
+                    rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=32.0, low_freq_factor=1.0,
+                                         high_freq_factor=4.0, original_max_position_embeddings=8192))
+POSITIONS = [0, 1, 63, 64, 65, 127, 128, 129, 1000, 2047, 2048, 4095]
+
+
+def _model_and_caches(shape, capacity):
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
+    model = model.to(torch.bfloat16).eval()
+    cache = transformers.StaticCache(config=model.config, max_cache_len=capacity)
+    with torch.no_grad():  # allocates the cache's layers
+        model(input_ids=torch.tensor([[0]], device="cuda"), past_key_values=cache, use_cache=True)
+    for layer in cache.layers:  # a history to attend over, the same in both caches
+        layer.keys.normal_()
+        layer.values.normal_()
+    keys = [layer.keys[0].clone() for layer in cache.layers]
+    values = [layer.values[0].clone() for layer in cache.layers]
+    return model, cache, keys, values
+
+
+@pytest.fixture(scope="module")
+def library():
+    return megakernel.load(LIBRARY)
+
+
+@pytest.mark.parametrize("shape", [SMALL, LLAMA_3_2_1B], ids=["small", "llama-3.2-1b-layers"])
+def test_matches_transformers(library, shape):
+    model, cache, keys, values = _model_and_caches(shape, 4096)
+    step = megakernel.LlamaDecodeStep(library, model, keys, values)
+    failures = megakernel.check_against_transformers(model, step, cache, keys, values, POSITIONS)
+    assert not failures, "\n".join(failures)
+    assert step.error_word() == 0
+
+
+def test_refuses_positions_and_tokens_outside_the_cache_and_vocabulary(library):
+    model, _, keys, values = _model_and_caches(SMALL, 1024)
+    step = megakernel.LlamaDecodeStep(library, model, keys, values)
+    failures = megakernel.check_refusals(step, keys, values)
+    assert not failures, "\n".join(failures)
+
+
+def test_graph_replay_reads_the_position_it_is_given(library):
+    model, _, keys, values = _model_and_caches(SMALL, 1024)
+    step = megakernel.LlamaDecodeStep(library, model, keys, values)
+    eager = {}
+    for position in (10, 700):
+        step.token.fill_(3)
+        step.position.fill_(position)
+        step.launch()
+        torch.cuda.synchronize()
+        eager[position] = (step.logits.clone(), keys[1][:, position].clone())
+        keys[1][:, position].zero_()
+    graph = torch.cuda.CUDAGraph()
+    stream = torch.cuda.Stream()
+    with torch.cuda.stream(stream), torch.cuda.graph(graph, stream=stream):
+        step.launch()
+    for position in (700, 10):
+        step.position.fill_(position)
+        graph.replay()
+        torch.cuda.synchronize()
+        logits, row = eager[position]
+        # Rows longer than a warp's segment are summed by several warps in any order: not bitwise.
+        torch.testing.assert_close(step.logits, logits, rtol=2e-2, atol=2e-2,
+                                   msg=lambda m: f"position {position}: the replay's logits are not a launch's: {m}")
+        torch.testing.assert_close(keys[1][:, position], row, rtol=2e-2, atol=2e-2,
+                                   msg=lambda m: f"position {position}: the replay's K row is not a launch's: {m}")
+    assert not torch.allclose(eager[10][0], eager[700][0], rtol=2e-2, atol=2e-2), "the positions' logits are alike"
+
+
+def test_refuses_a_shape_it_cannot_run(library):
+    shape = dict(SMALL, head_dim=128, num_attention_heads=4, num_key_value_heads=1)
+    model, _, keys, values = _model_and_caches(shape, 256)
+    with pytest.raises(ValueError, match="head_dim is 128, not 64"):
+        megakernel.LlamaDecodeStep(library, model, keys, values)
