@@ -596,6 +596,9 @@ __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __gri
   const int64_t position = *a.position;
   const int64_t token = *a.token;
   if (position < 0 || position >= s.capacity || token < 0 || token >= s.vocab) {
+    // NaN logits: a caller that reads them without the error word still cannot take them for a step.
+    const __nv_bfloat16 nan = __ushort_as_bfloat16(0x7fc0);
+    for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < s.vocab; i += gridDim.x * blockDim.x) a.logits[i] = nan;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
       const Workspace w = WorkspaceLayout(s);
       *reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(a.workspace) + w.error) =

@@ -16,9 +16,9 @@
 //  - `token` and `position` are device int64 scalars read at the start of the step, so one CUDA
 //    graph serves every step. The step attends over positions [0, position] (the cache's rows
 //    below `position` and this step's K and V) and writes this step's K and V at row `position`.
-//  - A position outside [0, capacity) or a token outside [0, vocab) does no work: no cache row and
-//    no logit is written, and the workspace's error word is set; it stays set until the workspace
-//    is zeroed again (DecodeStepError reads it).
+//  - A position outside [0, capacity) or a token outside [0, vocab) does no work: no cache row is
+//    written, every logit is NaN, and the workspace's error word is set; it stays set until the
+//    workspace is zeroed again (DecodeStepError reads it).
 //  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
 //    and used by no one else; its barrier counters return to zero at the end of every step.
 //  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
