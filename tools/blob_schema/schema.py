@@ -30,12 +30,13 @@ How the format evolves:
     each with the fields added() up to it; tests/blob keeps fixtures written by each version's codec.
 
 Versions: 1, the first; 2, runtime-supplied positions (positions_binding, slots_binding); 3,
-extensible structs, and weights and plans out of the blob (engine_key, constants).
+extensible structs, and weights and plans out of the blob (engine_key, constants); 4, the
+MEGAKERNEL engine kind.
 """
 
 MAGIC = b"ZKVB"
 # The version the codecs write; they read every version from 1 up to it.
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 # The first version whose structs carry their byte size (and so can grow added() fields).
 EXTENSIBLE_SINCE = 3
 PAYLOAD_ALIGNMENT = 64
@@ -47,7 +48,9 @@ SCALARS = {"u8": 1, "u16": 2, "u32": 4, "u64": 8, "i32": 4, "i64": 8, "bool": 1}
 # A DType is named after its torch (and TensorRT) dtype, FLOAT32 after torch.float32:
 # zerokv.blob.torch_dtypes pairs them by that name.
 ENUMS = {
-    "EngineKind": [("TENSORRT", 1), ("AOTI", 2)],
+    # MEGAKERNEL: a Llama decode step as one persistent CUDA kernel (cc/engines/megakernel), its
+    # payload the step's settings and its weights constants.
+    "EngineKind": [("TENSORRT", 1), ("AOTI", 2), ("MEGAKERNEL", 3)],
     "DType": [
         ("FLOAT32", 1),
         ("FLOAT16", 2),
