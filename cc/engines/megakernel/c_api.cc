@@ -51,7 +51,7 @@ size_t zerokv_megakernel_workspace_bytes(const int64_t* shape, char* error, size
 
 // Enqueues one step on `stream`. `pointers`: per layer input_norm, qkv, o, post_norm, gate, up,
 // down, k_cache, v_cache; then embedding, final_norm, lm_head, inv_freq, token, position, logits,
-// workspace. Returns 0, or the CUDA error with its reason in `error`.
+// workspace, step_error (a uint32). Returns 0, or the CUDA error with its reason in `error`.
 int zerokv_megakernel_launch(const int64_t* shape, double rms_eps, double rope_attention_scaling,
                              const uint64_t* pointers, uint64_t stream, char* error, size_t error_size) {
   LlamaDecodeArgs args{};
@@ -76,18 +76,12 @@ int zerokv_megakernel_launch(const int64_t* shape, double rms_eps, double rope_a
   args.position = reinterpret_cast<const int64_t*>(pointers[at + 5]);
   args.logits = bf16(at + 6);
   args.workspace = reinterpret_cast<void*>(pointers[at + 7]);
+  args.error = reinterpret_cast<uint32_t*>(pointers[at + 8]);
   std::string why;
   const cudaError_t status =
       zerokv::engines::megakernel::LaunchLlamaDecodeStep(args, reinterpret_cast<cudaStream_t>(stream), &why);
   if (status != cudaSuccess) Report(why, error, error_size);
   return static_cast<int>(status);
-}
-
-// The workspace's error word (kBadPosition, kBadToken or 0), or -1 when it cannot be read.
-int zerokv_megakernel_step_error(const int64_t* shape, const void* workspace) {
-  uint32_t word = 0;
-  if (zerokv::engines::megakernel::DecodeStepError(ShapeOf(shape, 0.0), workspace, &word) != cudaSuccess) return -1;
-  return static_cast<int>(word);
 }
 
 }  // extern "C"

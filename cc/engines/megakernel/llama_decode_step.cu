@@ -49,7 +49,7 @@ __host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ inline int QkvRows(const LlamaShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
 struct Workspace {
-  size_t x, qkv, attn, h, part_o, part_m, part_l, head_count, barrier_count, barrier_gen, error, bytes;
+  size_t x, qkv, attn, h, part_o, part_m, part_l, head_count, barrier_count, barrier_gen, bytes;
 };
 
 __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
@@ -66,7 +66,6 @@ __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
   w.head_count = take(sizeof(uint32_t) * s.kv_heads);
   w.barrier_count = take(sizeof(uint32_t));
   w.barrier_gen = take(sizeof(uint32_t));
-  w.error = take(sizeof(uint32_t));
   w.bytes = at;
   return w;
 }
@@ -596,13 +595,11 @@ __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __gri
   const int64_t position = *a.position;
   const int64_t token = *a.token;
   if (position < 0 || position >= s.capacity || token < 0 || token >= s.vocab) {
-    // NaN logits: a caller that reads them without the error word still cannot take them for a step.
+    // NaN logits: a caller that reads them before the error word still cannot take them for a step.
     const __nv_bfloat16 nan = __ushort_as_bfloat16(0x7fc0);
     for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < s.vocab; i += gridDim.x * blockDim.x) a.logits[i] = nan;
     if (blockIdx.x == 0 && threadIdx.x == 0) {
-      const Workspace w = WorkspaceLayout(s);
-      *reinterpret_cast<uint32_t*>(static_cast<unsigned char*>(a.workspace) + w.error) =
-          position < 0 || position >= s.capacity ? kBadPosition : kBadToken;
+      *a.error = position < 0 || position >= s.capacity ? kBadPosition : kBadToken;
     }
     return;
   }
@@ -689,11 +686,6 @@ cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stre
   status = cudaLaunchKernelEx(&config, LlamaDecodeStepKernel, args);
   if (status != cudaSuccess) *error = std::string("launching the step: ") + cudaGetErrorString(status);
   return status;
-}
-
-cudaError_t DecodeStepError(const LlamaShape& shape, const void* workspace, uint32_t* error) {
-  return cudaMemcpy(error, static_cast<const unsigned char*>(workspace) + WorkspaceLayout(shape).error,
-                    sizeof(uint32_t), cudaMemcpyDeviceToHost);
 }
 
 }  // namespace zerokv::engines::megakernel

@@ -17,8 +17,9 @@
 //    graph serves every step. The step attends over positions [0, position] (the cache's rows
 //    below `position` and this step's K and V) and writes this step's K and V at row `position`.
 //  - A position outside [0, capacity) or a token outside [0, vocab) does no work: no cache row is
-//    written, every logit is NaN, and the workspace's error word is set; it stays set until the
-//    workspace is zeroed again (DecodeStepError reads it).
+//    written, every logit is NaN, and `*error` is set to kBadPosition or kBadToken. Nothing clears
+//    it: it says that a step since the caller last zeroed it was refused. It may be mapped host
+//    memory, so that the caller reads it without a copy.
 //  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
 //    and used by no one else; its barrier counters return to zero at the end of every step.
 //  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
@@ -72,6 +73,7 @@ struct LlamaDecodeArgs {
   const int64_t* position;
   __nv_bfloat16* logits;            // [vocab], in the model's dtype as transformers returns them
   void* workspace;
+  uint32_t* error;                  // device-accessible; see the contract above
 };
 
 // Why `shape` cannot run here, or empty when it can.
@@ -83,10 +85,7 @@ size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape);
 // cannot hold one CTA per SM.
 cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error);
 
-// The workspace's error word: 0, or the kBadPosition / kBadToken of the latest refused step since
-// the workspace was zeroed. Synchronous.
 inline constexpr uint32_t kBadPosition = 1;
 inline constexpr uint32_t kBadToken = 2;
-cudaError_t DecodeStepError(const LlamaShape& shape, const void* workspace, uint32_t* error);
 
 }  // namespace zerokv::engines::megakernel

@@ -30,8 +30,6 @@ def load(path: str) -> ctypes.CDLL:
     library.zerokv_megakernel_launch.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_double, ctypes.c_double,
                                                  ctypes.POINTER(ctypes.c_uint64), ctypes.c_uint64, ctypes.c_char_p,
                                                  ctypes.c_size_t]
-    library.zerokv_megakernel_step_error.restype = ctypes.c_int
-    library.zerokv_megakernel_step_error.argtypes = [ctypes.POINTER(ctypes.c_int64), ctypes.c_void_p]
     return library
 
 
@@ -93,10 +91,12 @@ class LlamaDecodeStep:
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.logits = torch.zeros(config.vocab_size, dtype=bf16, device=device)
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
+        self.step_error = torch.zeros(1, dtype=torch.int32, device=device)
         tensors += [("embed_tokens", model.model.embed_tokens.weight, bf16), ("norm", model.model.norm.weight, bf16),
                     ("lm_head", model.lm_head.weight, bf16), ("inv_freq", self.inv_freq, torch.float32),
                     ("token", self.token, torch.long), ("position", self.position, torch.long),
-                    ("logits", self.logits, bf16), ("workspace", self.workspace, torch.uint8)]
+                    ("logits", self.logits, bf16), ("workspace", self.workspace, torch.uint8),
+                    ("step_error", self.step_error, torch.int32)]
         self.pointers = (ctypes.c_uint64 * len(tensors))(
             *[_device_tensor(name, tensor, dtype).data_ptr() for name, tensor, dtype in tensors])
         self.rms_eps = float(config.rms_norm_eps)
@@ -111,11 +111,8 @@ class LlamaDecodeStep:
             raise RuntimeError(f"the megakernel step failed (CUDA error {status}): {error.value.decode()}")
 
     def error_word(self) -> int:
-        """BAD_POSITION or BAD_TOKEN when a step since the workspace was zeroed refused its input."""
-        word = self.library.zerokv_megakernel_step_error(self.shape, ctypes.c_void_p(self.workspace.data_ptr()))
-        if word < 0:
-            raise RuntimeError("the step's error word could not be read")
-        return word
+        """BAD_POSITION or BAD_TOKEN when a step since step_error was zeroed refused its input (synchronous)."""
+        return int(self.step_error.item())
 
 
 def _place(cache, position):
@@ -174,14 +171,14 @@ def check_against_transformers(model, step, cache, keys, values, positions, repo
 def check_refusals(step, keys, values):
     """Mismatches of the step's guards, as lines: a position at the cache's capacity, a negative one
     and a token outside the vocabulary each set the error word, write no cache row and leave every
-    logit NaN. Leaves the workspace zeroed."""
+    logit NaN. Leaves the error word zeroed."""
     failures = []
     capacity, vocab = keys[0].shape[1], step.logits.shape[0]
     for what, token, position, word in (("position at the capacity", 0, capacity, BAD_POSITION),
                                         ("negative position", 0, -1, BAD_POSITION),
                                         ("token at the vocabulary's size", vocab, 5, BAD_TOKEN)):
         before = [cache.clone() for cache in (keys[0], values[0], keys[-1], values[-1])]
-        step.workspace.zero_()
+        step.step_error.zero_()
         step.logits.fill_(7.0)
         step.token.fill_(token)
         step.position.fill_(position)
@@ -194,5 +191,5 @@ def check_refusals(step, keys, values):
             failures.append(f"{what}: {int((~step.logits.isnan()).sum())} logits are not NaN")
         if not all(torch.equal(b, a) for b, a in zip(before, after)):
             failures.append(f"{what}: the step wrote cache rows")
-    step.workspace.zero_()
+    step.step_error.zero_()
     return failures
