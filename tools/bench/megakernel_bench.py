@@ -5,8 +5,9 @@
 On the GPU machine (torch, transformers and nvcc; no ExecuTorch or Bazel needed): builds the kernel
 with nvcc into OUT_DIR (or takes --library, as Bazel built it), builds the bench's Llama-3.2-1B-shaped model (decode_roofline_model.py), then
   1. checks the step against transformers' own decode step over a StaticCache holding random history,
-     at positions that start, fill and cross attention tiles and splits: logits (cosine, top-1) and
-     the K and V rows written, all layers, and that no other row changed; a position outside the
+     at positions that start, fill and cross attention tiles and splits, both measured against the
+     float32 step: logits (cosine, top-1) and the K and V rows written, all layers, and that no
+     other row changed; a position outside the
      cache or a token outside the vocabulary must write nothing and set the step's error word
      (llama_decode_step.py's checks). Exits 1 on any mismatch;
   2. times the step captured as one CUDA graph, 64 steps from each position (tab-separated rows on
@@ -95,8 +96,10 @@ def main():
     keys = [layer.keys[0].clone() for layer in cache.layers]
     values = [layer.values[0].clone() for layer in cache.layers]
     step = megakernel.LlamaDecodeStep(lib, model, keys, values)
-    failures = megakernel.check_against_transformers(model, step, cache, keys, values, CHECK_POSITIONS,
+    reference = megakernel.float32_reference(model, cache)
+    failures = megakernel.check_against_transformers(model, step, cache, keys, values, CHECK_POSITIONS, reference,
                                                      report=lambda line: print(line, file=sys.stderr, flush=True))
+    del reference
     failures += megakernel.check_refusals(step, keys, values)
     for failure in failures:
         print(f"MISMATCH {failure}", file=sys.stderr)

@@ -51,7 +51,8 @@ def library():
 def test_matches_transformers(library, shape):
     model, cache, keys, values = _model_and_caches(shape, 4096)
     step = megakernel.LlamaDecodeStep(library, model, keys, values)
-    failures = megakernel.check_against_transformers(model, step, cache, keys, values, POSITIONS)
+    reference = megakernel.float32_reference(model, cache)
+    failures = megakernel.check_against_transformers(model, step, cache, keys, values, POSITIONS, reference)
     assert not failures, "\n".join(failures)
     assert step.error_word() == 0
 
