@@ -4,6 +4,7 @@
 
 Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
 each position over the Llama-3.2-1B-shaped model of the bench:
+  prefetch<N>    N tiles asked of L2 ahead of the ring (ZEROKV_MEGAKERNEL_PREFETCH);
   ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
   no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
   trace          every CTA's global time at each barrier's arrival and departure, summarized per
@@ -30,8 +31,11 @@ from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"ring10": ["-DZEROKV_MEGAKERNEL_RING=10"], "ring6": ["-DZEROKV_MEGAKERNEL_RING=6"],
-            "ring3": ["-DZEROKV_MEGAKERNEL_RING=3"], "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
+VARIANTS = {"prefetch0": ["-DZEROKV_MEGAKERNEL_PREFETCH=0"], "prefetch24": ["-DZEROKV_MEGAKERNEL_PREFETCH=24"],
+            "prefetch64": ["-DZEROKV_MEGAKERNEL_PREFETCH=64"], "ring6": ["-DZEROKV_MEGAKERNEL_RING=6"],
+            "no_grid_sync_prefetch0": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC", "-DZEROKV_MEGAKERNEL_PREFETCH=0"],
+            "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
+            "trace_prefetch0": ["-DZEROKV_MEGAKERNEL_TRACE", "-DZEROKV_MEGAKERNEL_PREFETCH=0"],
             "trace": ["-DZEROKV_MEGAKERNEL_TRACE"]}
 
 
@@ -89,11 +93,12 @@ def main():
         step.token.fill_(5)
         for position in positions:
             step.position.fill_(position)
-            if name == "trace":
+            if name.startswith("trace"):
                 lib.zerokv_megakernel_trace(ctypes.byref((ctypes.c_uint64 * (256 * 320))()),
                                             ctypes.byref((ctypes.c_int * 256)()))  # resets the cursor
                 step.launch()
                 torch.cuda.synchronize()
+                print(name, end=" ")
                 summarize_trace(lib, config.num_hidden_layers, position)
                 continue
             graph = capture(step.launch)
