@@ -152,15 +152,16 @@ class MegakernelEngine final : public Engine {
   Status Load(const blob::Blob& blob, const NamedDataMap* named_data) {
     Settings settings;
     ZEROKV_RETURN_IF_ERROR(ParseSettings(blob, &settings));
-    if (cudaError_t e = cudaSetDevice(blob.device_id); e != cudaSuccess) {
-      return CudaError("megakernel: selecting CUDA device " + std::to_string(blob.device_id), e);
-    }
     Constants constants(blob.metadata);
     Roles roles;
     ZEROKV_RETURN_IF_ERROR(ReadShape(constants, settings, &roles));
-    ZEROKV_RETURN_IF_ERROR(Upload(roles, named_data));
     ZEROKV_RETURN_IF_ERROR(constants.CheckAllUsed());
     MakeBindings();
+    ZEROKV_RETURN_IF_ERROR(CheckBlobBindings(blob.metadata));
+    if (cudaError_t e = cudaSetDevice(blob.device_id); e != cudaSuccess) {
+      return CudaError("megakernel: selecting CUDA device " + std::to_string(blob.device_id), e);
+    }
+    ZEROKV_RETURN_IF_ERROR(Upload(roles, named_data));
 
     void* workspace = nullptr;
     const size_t workspace_bytes = LlamaDecodeWorkspaceBytes(args_.shape);
@@ -443,6 +444,26 @@ class MegakernelEngine final : public Engine {
           kFirstCache + 2 * l + 1);
     }
     add("logits", Direction::kOutput, DType::kBfloat16, false, -1);
+  }
+
+  // The blob's bindings are the step's, in its order (the runtime checks them against bindings()
+  // too; here the refusal can say which one and what the step expects).
+  Status CheckBlobBindings(const blob::Metadata& metadata) const {
+    if (metadata.bindings.size() != bindings_.size()) {
+      return InvalidProgram("megakernel: the blob has " + std::to_string(metadata.bindings.size()) +
+                            " bindings; the step of " + std::to_string(args_.shape.layers) + " layers has " +
+                            std::to_string(bindings_.size()));
+    }
+    for (size_t i = 0; i < bindings_.size(); ++i) {
+      const blob::IOBinding& got = metadata.bindings[i];
+      const EngineBinding& want = bindings_[i];
+      if (got.name != want.name || got.direction != want.direction || got.dtype != want.dtype) {
+        return InvalidProgram("megakernel: binding " + std::to_string(i) + " is " + Quote(got.name) + " (" +
+                              ToString(got.direction) + ", " + ToString(got.dtype) + "), not " + Quote(want.name) +
+                              " (" + ToString(want.direction) + ", " + ToString(want.dtype) + ")");
+      }
+    }
+    return Status::Ok();
   }
 
   int Find(const std::string& name) const {
