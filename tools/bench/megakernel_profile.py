@@ -5,7 +5,6 @@
 Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
 each position over the Llama-3.2-1B-shaped model of the bench:
   prefetch<N>    N tiles asked of L2 ahead of the ring (ZEROKV_MEGAKERNEL_PREFETCH);
-  ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
   no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
   trace          every CTA's global time at each barrier's arrival and departure, summarized per
                  stage: the work between barriers, the wait in them, and how far apart CTAs arrive.
