@@ -31,8 +31,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
 VARIANTS = {"prefetch0": ["-DZEROKV_MEGAKERNEL_PREFETCH=0"], "prefetch24": ["-DZEROKV_MEGAKERNEL_PREFETCH=24"],
-            "prefetch64": ["-DZEROKV_MEGAKERNEL_PREFETCH=64"],
-            "no_grid_sync_prefetch0": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC", "-DZEROKV_MEGAKERNEL_PREFETCH=0"],
+
             "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
             "trace_prefetch0": ["-DZEROKV_MEGAKERNEL_TRACE", "-DZEROKV_MEGAKERNEL_PREFETCH=0"],
             "trace": ["-DZEROKV_MEGAKERNEL_TRACE"]}
