@@ -189,130 +189,57 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-// One tile of the CTA's stream: `bytes` from `src` (and as many from `second` at kValueOffset).
-struct Tile {
-  const void* src;
-  const void* second;
-  uint32_t bytes;
-};
-
-// The CTA's tiles in the order the consumers take them: per layer its rows of qkv, its attention
-// item's K and V, its rows of o, gate, up and down; then its rows of the LM head.
-class TileWalk {
- public:
-  __device__ TileWalk(const LlamaDecodeArgs& a, const AttentionItem& item) : a_(a), item_(item) { Enter(); }
-
-  __device__ bool Next(Tile* tile) {
-    while (layer_ <= a_.shape.layers && at_ >= elems_) {
-      ++part_;
-      if (part_ == kParts || layer_ == a_.shape.layers) {
-        part_ = 0;
-        ++layer_;
-      }
-      Enter();
-    }
-    if (layer_ > a_.shape.layers) return false;
-    if (part_ == kAttentionPart) {
-      const size_t row = Span(item_.head, a_.shape.capacity) + item_.begin + at_;
-      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kAttnTile, elems_ - at_));
-      const LlamaLayer& layer = a_.layer[layer_];
-      *tile = {layer.k_cache + row * kHeadDim, layer.v_cache + row * kHeadDim, n * kHeadDim * 2};
-      at_ += n;
-    } else {
-      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems_ - at_));
-      *tile = {base_ + at_, nullptr, n * 2};
-      at_ += n;
-    }
-    return true;
-  }
-
- private:
-  static constexpr int kParts = 6;  // qkv, attention, o, gate, up, down
-  static constexpr int kAttentionPart = 1;
-
-  // base_ and elems_ of (layer_, part_): elements of a weight slice, or positions of attention.
-  __device__ void Enter() {
-    const LlamaShape& s = a_.shape;
-    at_ = 0;
-    elems_ = 0;
-    if (layer_ > s.layers) return;
-    if (layer_ == s.layers) {
-      const Rows r = RowsOf(s.vocab, s.layers, 0);
-      base_ = a_.lm_head + Span(r.begin, s.hidden);
-      elems_ = Span(r.end - r.begin, s.hidden);
-      return;
-    }
-    const LlamaLayer& layer = a_.layer[layer_];
-    const int attn_width = s.heads * s.head_dim;
-    Rows r{0, 0};
-    switch (part_) {
-      case 0:
-        r = RowsOf(QkvRows(s), layer_, 0);
-        base_ = layer.qkv + Span(r.begin, s.hidden);
-        elems_ = Span(r.end - r.begin, s.hidden);
-        break;
-      case kAttentionPart:
-        elems_ = item_.head < 0 ? 0 : item_.end - item_.begin;
-        break;
-      case 2:
-        r = RowsOf(s.hidden, layer_, 2);
-        base_ = layer.o + Span(r.begin, attn_width);
-        elems_ = Span(r.end - r.begin, attn_width);
-        break;
-      case 3:
-      case 4:
-        r = RowsOf(s.ffn, layer_, 3);
-        base_ = (part_ == 3 ? layer.gate : layer.up) + Span(r.begin, s.hidden);
-        elems_ = Span(r.end - r.begin, s.hidden);
-        break;
-      default:
-        r = RowsOf(s.hidden, layer_, 4);
-        base_ = layer.down + Span(r.begin, s.ffn);
-        elems_ = Span(r.end - r.begin, s.ffn);
-    }
-  }
-
-  const LlamaDecodeArgs& a_;
-  const AttentionItem item_;
-  int layer_ = 0, part_ = 0;
-  const __nv_bfloat16* base_ = nullptr;
-  size_t at_ = 0, elems_ = 0;
-};
-
-__device__ inline void PrefetchL2(const Tile& tile) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.src), "r"(tile.bytes) : "memory");
-  if (tile.second) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.second), "r"(tile.bytes) : "memory");
+__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, uint64_t policy) {
+  for (size_t at = 0; at < elems; at += kTileElems) {
+    const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems - at));
+    WaitParity(ring.empty_bar(), ring.parity() ^ 1);
+    ArriveExpectBytes(ring.full_bar(), n * 2);
+    BulkCopy(ring.tile(), base + at, n * 2, ring.full_bar(), policy);
+    ++ring.count;
   }
 }
 
-#ifndef ZEROKV_MEGAKERNEL_PREFETCH
-#define ZEROKV_MEGAKERNEL_PREFETCH 24
-#endif
-// Tiles the producer asks L2 for ahead of the ring: while the consumers wait at a grid barrier and
-// the ring is full, HBM keeps streaming this CTA's next tiles into L2 (24 x 16 KiB per SM is about
-// 3 MiB of the 50 MiB L2, several barriers' worth of streaming).
-constexpr int kPrefetchTiles = ZEROKV_MEGAKERNEL_PREFETCH;
-
-__device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
-  const uint64_t policy = EvictFirstPolicy();
-  const AttentionItem item = AttentionItemOf(a.shape, position);
-  TileWalk copies(a, item), ahead(a, item);
-  Tile tile, later;
-  for (int i = 0; i < kPrefetchTiles && ahead.Next(&later); ++i) PrefetchL2(later);
-  while (copies.Next(&tile)) {
-    if (kPrefetchTiles > 0 && ahead.Next(&later)) PrefetchL2(later);
+__device__ inline void ProduceAttention(Ring& ring, const LlamaShape& s, const LlamaLayer& layer,
+                                        const AttentionItem& item) {
+  if (item.head < 0) return;
+  const size_t head_rows = Span(item.head, s.capacity);
+  for (int p = item.begin; p < item.end; p += kAttnTile) {
+    const uint32_t n = Min(kAttnTile, item.end - p);
+    const uint32_t bytes = n * kHeadDim * 2;
     WaitParity(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), tile.second ? 2 * tile.bytes : tile.bytes);
-    if (tile.second) {
-      // No evict-first hint on the KV rows: the next step reads them again.
-      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar());
-      BulkCopy(ring.tile() + kValueOffset, tile.second, tile.bytes, ring.full_bar());
-    } else {
-      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar(), policy);
-    }
+    ArriveExpectBytes(ring.full_bar(), 2 * bytes);
+    BulkCopy(ring.tile(), layer.k_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
+    BulkCopy(ring.tile() + kValueOffset, layer.v_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
     ++ring.count;
   }
+}
+
+__device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
+  const LlamaShape& s = a.shape;
+  const uint64_t policy = EvictFirstPolicy();
+  const AttentionItem item = AttentionItemOf(s, position);
+  const int attn_width = s.heads * s.head_dim;
+  for (int l = 0; l < s.layers; ++l) {
+    const LlamaLayer& layer = a.layer[l];
+    Rows r = RowsOf(QkvRows(s), l, 0);
+    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden),
+                 Span(r.end - r.begin, s.hidden), policy);
+    ProduceAttention(ring, s, layer, item);
+    r = RowsOf(s.hidden, l, 2);
+    ProduceSlice(ring, layer.o + Span(r.begin, attn_width),
+                 Span(r.end - r.begin, attn_width), policy);
+    r = RowsOf(s.ffn, l, 3);
+    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden),
+                 Span(r.end - r.begin, s.hidden), policy);
+    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden),
+                 Span(r.end - r.begin, s.hidden), policy);
+    r = RowsOf(s.hidden, l, 4);
+    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn),
+                 Span(r.end - r.begin, s.ffn), policy);
+  }
+  const Rows r = RowsOf(s.vocab, s.layers, 0);
+  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden),
+               Span(r.end - r.begin, s.hidden), policy);
 }
 
 // --- consumers ---
@@ -341,32 +268,11 @@ __device__ inline void StoreRelease(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-// Diagnostics (megakernel_profile.py builds with it): each CTA's global time at every barrier's
-// arrival and departure.
-constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
-__device__ uint64_t g_trace[256][kTraceBarriers][2];
-__device__ int g_trace_at[256];
-__device__ inline uint64_t GlobalTime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
-
 // Every CTA's consumers reach it before any passes: a sense-reversing barrier whose count is back
 // at zero when it opens, so that every step (and every graph replay) starts from the same state.
 __device__ void GridSync(uint32_t* count, uint32_t* gen) {
   ConsumerSync();
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-  const int at = g_trace_at[blockIdx.x];
-  if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][0] = GlobalTime();
-#endif
-#ifdef ZEROKV_MEGAKERNEL_NO_GRID_SYNC
-  if (false) {
-#else
   if (threadIdx.x == 0) {
-#endif
     const uint32_t g = LoadAcquire(gen);
     __threadfence();
     if (atomicAdd(count, 1) == gridDim.x - 1) {
@@ -380,12 +286,6 @@ __device__ void GridSync(uint32_t* count, uint32_t* gen) {
     __threadfence();
   }
   ConsumerSync();
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-  if (threadIdx.x == 0 && at < kTraceBarriers) {
-    g_trace[blockIdx.x][at][1] = GlobalTime();
-    g_trace_at[blockIdx.x] = at + 1;
-  }
-#endif
 }
 
 __device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
@@ -727,15 +627,6 @@ int SmCount() {
 }
 
 }  // namespace
-
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-extern "C" int zerokv_megakernel_trace(uint64_t* out, int* counts) {
-  if (cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)) != cudaSuccess) return -1;
-  if (cudaMemcpyFromSymbol(counts, g_trace_at, sizeof(g_trace_at)) != cudaSuccess) return -1;
-  static int zeros[256] = {};
-  return cudaMemcpyToSymbol(g_trace_at, zeros, sizeof(zeros)) == cudaSuccess ? 0 : -1;
-}
-#endif
 
 std::string UnsupportedShape(const LlamaShape& s) {
   if (s.layers < 1 || s.layers > kMaxLayers) {
