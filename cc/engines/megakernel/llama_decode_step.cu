@@ -268,11 +268,32 @@ __device__ inline void StoreRelease(uint32_t* p, uint32_t v) {
   asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+// Diagnostics (megakernel_profile.py builds with it): each CTA's global time at every barrier's
+// arrival and departure.
+constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
+__device__ uint64_t g_trace[256][kTraceBarriers][2];
+__device__ int g_trace_at[256];
+__device__ inline uint64_t GlobalTime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+#endif
+
 // Every CTA's consumers reach it before any passes: a sense-reversing barrier whose count is back
 // at zero when it opens, so that every step (and every graph replay) starts from the same state.
 __device__ void GridSync(uint32_t* count, uint32_t* gen) {
   ConsumerSync();
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+  const int at = g_trace_at[blockIdx.x];
+  if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][0] = GlobalTime();
+#endif
+#ifdef ZEROKV_MEGAKERNEL_NO_GRID_SYNC
+  if (false) {
+#else
   if (threadIdx.x == 0) {
+#endif
     const uint32_t g = LoadAcquire(gen);
     __threadfence();
     if (atomicAdd(count, 1) == gridDim.x - 1) {
@@ -286,6 +307,12 @@ __device__ void GridSync(uint32_t* count, uint32_t* gen) {
     __threadfence();
   }
   ConsumerSync();
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+  if (threadIdx.x == 0 && at < kTraceBarriers) {
+    g_trace[blockIdx.x][at][1] = GlobalTime();
+    g_trace_at[blockIdx.x] = at + 1;
+  }
+#endif
 }
 
 __device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
@@ -627,6 +654,15 @@ int SmCount() {
 }
 
 }  // namespace
+
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+extern "C" int zerokv_megakernel_trace(uint64_t* out, int* counts) {
+  if (cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)) != cudaSuccess) return -1;
+  if (cudaMemcpyFromSymbol(counts, g_trace_at, sizeof(g_trace_at)) != cudaSuccess) return -1;
+  static int zeros[256] = {};
+  return cudaMemcpyToSymbol(g_trace_at, zeros, sizeof(zeros)) == cudaSuccess ? 0 : -1;
+}
+#endif
 
 std::string UnsupportedShape(const LlamaShape& s) {
   if (s.layers < 1 || s.layers > kMaxLayers) {

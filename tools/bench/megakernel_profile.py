@@ -1,0 +1,112 @@
+"""Where the persistent decode step's time goes, on a CUDA GPU (a diagnostic, not a test).
+
+    python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384]
+
+Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
+each position over the Llama-3.2-1B-shaped model of the bench:
+  ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
+  no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
+  trace          every CTA's global time at each barrier's arrival and departure, summarized per
+                 stage: the work between barriers, the wait in them, and how far apart CTAs arrive.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import os
+import statistics
+import subprocess
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+from cc.engines.megakernel import llama_decode_step as megakernel  # noqa: E402
+import decode_roofline_model as bench_model  # noqa: E402
+import decode_roofline_peers as peers  # noqa: E402
+import decode_roofline_peers as peers  # noqa: E402
+from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
+STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
+VARIANTS = {"ring10": ["-DZEROKV_MEGAKERNEL_RING=10"], "ring6": ["-DZEROKV_MEGAKERNEL_RING=6"],
+            "ring3": ["-DZEROKV_MEGAKERNEL_RING=3"], "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
+            "trace": ["-DZEROKV_MEGAKERNEL_TRACE"]}
+
+
+def build(out_dir, name, flags):
+    library = os.path.join(out_dir, f"libzerokv_megakernel_{name}.so")
+    subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}", *flags,
+                    *[os.path.join(ROOT, s) for s in SOURCES], "-o", library], check=True)
+    return library
+
+
+def summarize_trace(lib, layers, position):
+    barriers = 5 * 32
+    trace = (ctypes.c_uint64 * (256 * barriers * 2))()
+    counts = (ctypes.c_int * 256)()
+    lib.zerokv_megakernel_trace.restype = ctypes.c_int
+    if lib.zerokv_megakernel_trace(trace, counts) != 0:
+        raise RuntimeError("reading the trace failed")
+    ctas = torch.cuda.get_device_properties(0).multi_processor_count
+    t = torch.tensor(list(trace), dtype=torch.float64).view(256, barriers, 2)[:ctas, :layers * 5] / 1e3  # us
+    arrive, leave = t[..., 0], t[..., 1]
+    work = arrive[:, 1:] - leave[:, :-1]  # the stage after barrier b-1, per CTA
+    wait = leave - arrive
+    spread = arrive.max(0).values - arrive.min(0).values
+    total = (leave.max() - leave[:, 0].min()).item()
+    print(f"trace at {position}: {total:.1f} us from the first barrier's departure to the last's", flush=True)
+    for k, stage in enumerate(STAGES):
+        # stage k runs between barrier (5l + k - 1) and (5l + k): work index 5l + k - 1
+        idx = [5 * l + k - 1 for l in range(layers) if 5 * l + k - 1 >= 0]
+        w = work[:, idx]
+        print(f"  {stage:9s}: work mean {w.mean().item():6.2f} us, slowest CTA {w.max(0).values.mean().item():6.2f} us; "
+              f"barrier wait mean {wait[:, [i + 1 for i in idx]].mean().item():6.2f} us; arrival spread "
+              f"{spread[[i + 1 for i in idx]].mean().item():6.2f} us (per layer)", flush=True)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("out")
+    parser.add_argument("--positions", default="256,16384")
+    args = parser.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    positions = [int(p) for p in args.positions.split(",")]
+    model = bench_model.build("llama-3.2-1b", device="cuda")
+    config = model.config
+    capacity = max(positions) + 64
+    shape = (config.num_key_value_heads, capacity, config.head_dim)
+    keys = [torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(config.num_hidden_layers)]
+    values = [torch.randn(shape, dtype=torch.bfloat16, device="cuda") for _ in range(config.num_hidden_layers)]
+    bandwidth = peers.copy_bandwidth_gbs("cuda")
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
+        f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
+        f" us at {p}" for p in positions), flush=True)
+    bandwidth = peers.copy_bandwidth_gbs("cuda")
+    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
+        f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
+        f" us at {p}" for p in positions), flush=True)
+    for name, flags in VARIANTS.items():
+        lib = megakernel.load(build(args.out, name, flags))
+        step = megakernel.LlamaDecodeStep(lib, model, keys, values)
+        step.token.fill_(5)
+        for position in positions:
+            step.position.fill_(position)
+            if name.startswith("trace"):
+                lib.zerokv_megakernel_trace(ctypes.byref((ctypes.c_uint64 * (256 * 320))()),
+                                            ctypes.byref((ctypes.c_int * 256)()))  # resets the cursor
+                step.launch()
+                torch.cuda.synchronize()
+                print(name, end=" ")
+                summarize_trace(lib, config.num_hidden_layers, position)
+                continue
+            graph = capture(step.launch)
+            replays = [microseconds_per_replay(graph, 100) for _ in range(3)]
+            print(f"{name}\t{position}\t{statistics.median(replays):.1f} us per step", flush=True)
+        del step
+
+
+if __name__ == "__main__":
+    main()
