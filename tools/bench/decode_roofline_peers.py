@@ -22,6 +22,7 @@ import time
 import torch
 
 from tools.bench import decode_roofline_model as bench_model
+from tools.bench import static_cache
 
 TIGHT_MARGIN = 256
 
@@ -44,21 +45,11 @@ def copy_bandwidth_gbs(device, size=1 << 30, repeats=20):
     return 2 * size * repeats / (time.perf_counter() - started) / 1e9
 
 
-def _place(cache, position):
-    """Puts every layer of a transformers StaticCache at `position` (it writes where its layers'
-    cumulative_length says, not where the caller's positions say)."""
-    for layer in cache.layers:
-        if not hasattr(layer, "cumulative_length"):
-            raise SystemExit(f"this transformers' {type(layer).__name__} has no cumulative_length: "
-                             "the bench cannot place its cache at a position")
-        layer.cumulative_length.fill_(position)
-
-
 def time_steps(forward, cache, position, warmup, steps, vocab, model_device):
     """Per-step milliseconds of `steps` decode steps from `position`, after `warmup` ones. The host's
     side of each copy is page-locked on a CUDA device, as zerokv's programs' host buffers are
     (PinnedPlannedMemory); each step ends synchronized, so the next may write them again."""
-    _place(cache, position - warmup)
+    static_cache.place(cache, position - warmup)
     pinned = torch.device(model_device).type == "cuda"
     token_host = torch.empty((1, 1), dtype=torch.long, pin_memory=pinned)
     position_host = torch.empty((1, 1), dtype=torch.long, pin_memory=pinned)
@@ -85,15 +76,6 @@ def time_steps(forward, cache, position, warmup, steps, vocab, model_device):
     return times[warmup:]
 
 
-def static_cache(model, length):
-    from transformers import StaticCache
-
-    cache = StaticCache(config=model.config, max_cache_len=length)
-    with torch.no_grad():  # allocates the layers (lazily, at the first write)
-        model(input_ids=torch.tensor([[0]]).to(model.device), past_key_values=cache, use_cache=True)
-    return cache
-
-
 def row(out, variant, position, times):
     times = sorted(times)
     p99 = times[min(len(times) - 1, int(0.99 * len(times)))]
@@ -117,7 +99,7 @@ def main():
     vocab, device = model.config.vocab_size, args.device
     with open(args.out, "w") as out:
         out.write(f"d2d_copy_bandwidth\t0\t{copy_bandwidth_gbs(device):.1f}\t0\t0\n")
-        cache = static_cache(model, args.max_cache)
+        cache = static_cache.allocated(model, args.max_cache)
         for position in positions:
             row(out, "hf_eager", position, time_steps(model, cache, position, 3, min(args.steps, 16), vocab, device))
         compiled = torch.compile(model, mode="reduce-overhead", fullgraph=True)
@@ -125,7 +107,7 @@ def main():
             row(out, "hf_compile", position, time_steps(compiled, cache, position, 5, args.steps, vocab, device))
         del cache
         for position in positions:
-            tight = static_cache(model, position + TIGHT_MARGIN)
+            tight = static_cache.allocated(model, position + TIGHT_MARGIN)
             row(out, "hf_compile_tight", position, time_steps(compiled, tight, position, 5, args.steps, vocab, device))
     return 0
 

@@ -35,6 +35,7 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from cc.engines.megakernel import llama_decode_step as megakernel  # noqa: E402
 import decode_roofline_model as bench_model
 import decode_roofline_peers as peers
+from tools.bench import static_cache  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
@@ -88,7 +89,7 @@ def main():
     lib = megakernel.load(args.library or build_library(args.out))
     model = bench_model.build("llama-3.2-1b", device="cuda")
     config = model.config
-    cache = peers.static_cache(model, args.max_cache)
+    cache = static_cache.allocated(model, args.max_cache)
     torch.manual_seed(1)
     for layer in cache.layers:  # history the step attends over: random, the same in both caches
         layer.keys.normal_()

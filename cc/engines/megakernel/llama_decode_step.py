@@ -15,6 +15,8 @@ import ctypes
 
 import torch
 
+from tools.bench import static_cache
+
 BAD_POSITION = 1  # kBadPosition in llama_decode_step.h
 BAD_TOKEN = 2  # kBadToken
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
@@ -115,28 +117,13 @@ class LlamaDecodeStep:
         return int(self.step_error.item())
 
 
-def _place(cache, position):
-    """Puts every layer of a transformers StaticCache at `position` (its layers write where their
-    cumulative_length says, not where the caller's positions say)."""
-    for layer in cache.layers:
-        if not hasattr(layer, "cumulative_length"):
-            raise RuntimeError(f"this transformers' {type(layer).__name__} has no cumulative_length: the check "
-                               "cannot place its cache at a position")
-        layer.cumulative_length.fill_(position)
-
-
 def float32_reference(model, cache):
     """A float32 copy of `model` and of its StaticCache `cache` (the same weights and history): the
     computation both BF16 steps approximate."""
     import copy
 
-    from transformers import StaticCache
-
     reference = copy.deepcopy(model).float()
-    reference_cache = StaticCache(config=reference.config, max_cache_len=cache.layers[0].keys.shape[2])
-    device = cache.layers[0].keys.device
-    with torch.no_grad():  # allocates the cache's layers, in float32
-        reference(input_ids=torch.tensor([[0]], device=device), past_key_values=reference_cache, use_cache=True)
+    reference_cache = static_cache.allocated(reference, cache.layers[0].keys.shape[2])
     for ours, theirs in zip(reference_cache.layers, cache.layers):
         ours.keys.copy_(theirs.keys)
         ours.values.copy_(theirs.values)
@@ -144,7 +131,7 @@ def float32_reference(model, cache):
 
 
 def _decode(model, cache, token, position, device):
-    _place(cache, position)
+    static_cache.place(cache, position)
     with torch.no_grad():
         return model(input_ids=torch.tensor([[token]], device=device),
                      position_ids=torch.tensor([[position]], device=device), past_key_values=cache,

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from cc.engines.megakernel import llama_decode_step as megakernel
+from tools.bench import static_cache
 
 if not torch.cuda.is_available() or torch.cuda.get_device_capability() != (9, 0):
     pytest.skip("needs an sm_90 GPU (the step is sm_90a code)", allow_module_level=True)
@@ -31,9 +32,7 @@ def _model_and_caches(shape, capacity):
     with torch.device("cuda"):
         model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**shape))
     model = model.to(torch.bfloat16).eval()
-    cache = transformers.StaticCache(config=model.config, max_cache_len=capacity)
-    with torch.no_grad():  # allocates the cache's layers
-        model(input_ids=torch.tensor([[0]], device="cuda"), past_key_values=cache, use_cache=True)
+    cache = static_cache.allocated(model, capacity)
     for layer in cache.layers:  # a history to attend over, the same in both caches
         layer.keys.normal_()
         layer.values.normal_()
