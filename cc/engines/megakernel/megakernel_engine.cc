@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
+#include <limits>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -203,7 +204,8 @@ class MegakernelEngine final : public Engine {
     Slot& slot = slots_[index];
     if (slot.cache) {
       const LlamaShape& s = args_.shape;
-      if (shape.size() != 4 || shape[0] != 1 || shape[1] != s.kv_heads || shape[2] < 1 || shape[3] != s.head_dim) {
+      if (shape.size() != 4 || shape[0] != 1 || shape[1] != s.kv_heads || shape[2] < 1 ||
+          shape[2] > std::numeric_limits<int32_t>::max() || shape[3] != s.head_dim) {
         return InvalidArgument("megakernel: " + Quote(name) + " has shape " + ShapeText(shape) + ", not [1, " +
                                std::to_string(s.kv_heads) + ", capacity, " + std::to_string(s.head_dim) + "]");
       }
