@@ -1,5 +1,5 @@
 // A C entry point to the step of llama_decode_step.h, for callers that hold device pointers and no
-// C++ (tools/bench/megakernel_bench.py, through ctypes, with torch's tensors and stream).
+// C++ (llama_decode_step.py, through ctypes, with torch's tensors and stream).
 #include <cstdint>
 #include <cstring>
 #include <string>

@@ -7,7 +7,8 @@
 // In each CTA a producer warp streams that CTA's slice of every weight matrix, in step order, into a
 // ring of shared-memory tiles with bulk copies (weights do not depend on the step's activations, so
 // it runs ahead across stages), while the consumer warps wait at a grid barrier for the activations
-// of the stage before. The barriers' latency is thus spent with the ring filling, not with HBM idle.
+// of the stage before: a barrier's latency is meant to be spent with the ring filling, not with
+// HBM idle. As measured so far the step takes about twice the roofline (decode_roofline_notes.md).
 //
 // Contract:
 //  - Weights are BF16, row-major [out, in] as torch.nn.Linear keeps them; `qkv` is q, k and v
@@ -85,6 +86,7 @@ size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape);
 // cannot hold one CTA per SM.
 cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error);
 
+// The values of LlamaDecodeArgs::error after a refused step.
 inline constexpr uint32_t kBadPosition = 1;
 inline constexpr uint32_t kBadToken = 2;
 
