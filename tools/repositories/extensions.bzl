@@ -33,6 +33,7 @@ def _sdks_impl(_module_ctx):
         default_home = "/usr/local/cuda",
         require_env = "ZEROKV_REQUIRE_CUDA",
         required_files = [
+            "bin/nvcc",
             "include/cuda_runtime.h",
             "lib64/libcudart.so",
         ],
