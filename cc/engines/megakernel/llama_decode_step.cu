@@ -189,6 +189,11 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
+#ifndef ZEROKV_MEGAKERNEL_PREFETCH
+#define ZEROKV_MEGAKERNEL_PREFETCH 0
+#endif
+#if ZEROKV_MEGAKERNEL_PREFETCH == 0
+// The producer as run on the H200 (decode_roofline_notes.md).
 __device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, uint64_t policy) {
   for (size_t at = 0; at < elems; at += kTileElems) {
     const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems - at));
@@ -241,6 +246,134 @@ __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
   ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden),
                Span(r.end - r.begin, s.hidden), policy);
 }
+
+#else
+// An experiment, not yet run (megakernel_profile.py's prefetch variants): the producer also asks L2
+// for the tiles ZEROKV_MEGAKERNEL_PREFETCH ahead of its ring.
+// One tile of the CTA's stream: `bytes` from `src` (and as many from `second` at kValueOffset).
+struct Tile {
+  const void* src;
+  const void* second;
+  uint32_t bytes;
+};
+
+// The CTA's tiles in the order the consumers take them: per layer its rows of qkv, its attention
+// item's K and V, its rows of o, gate, up and down; then its rows of the LM head.
+class TileWalk {
+ public:
+  __device__ TileWalk(const LlamaDecodeArgs& a, const AttentionItem& item) : a_(a), item_(item) { Enter(); }
+
+  __device__ bool Next(Tile* tile) {
+    while (layer_ <= a_.shape.layers && at_ >= elems_) {
+      ++part_;
+      if (part_ == kParts || layer_ == a_.shape.layers) {
+        part_ = 0;
+        ++layer_;
+      }
+      Enter();
+    }
+    if (layer_ > a_.shape.layers) return false;
+    if (part_ == kAttentionPart) {
+      const size_t row = Span(item_.head, a_.shape.capacity) + item_.begin + at_;
+      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kAttnTile, elems_ - at_));
+      const LlamaLayer& layer = a_.layer[layer_];
+      *tile = {layer.k_cache + row * kHeadDim, layer.v_cache + row * kHeadDim, n * kHeadDim * 2};
+      at_ += n;
+    } else {
+      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems_ - at_));
+      *tile = {base_ + at_, nullptr, n * 2};
+      at_ += n;
+    }
+    return true;
+  }
+
+ private:
+  static constexpr int kParts = 6;  // qkv, attention, o, gate, up, down
+  static constexpr int kAttentionPart = 1;
+
+  // base_ and elems_ of (layer_, part_): elements of a weight slice, or positions of attention.
+  __device__ void Enter() {
+    const LlamaShape& s = a_.shape;
+    at_ = 0;
+    elems_ = 0;
+    if (layer_ > s.layers) return;
+    if (layer_ == s.layers) {
+      const Rows r = RowsOf(s.vocab, s.layers, 0);
+      base_ = a_.lm_head + Span(r.begin, s.hidden);
+      elems_ = Span(r.end - r.begin, s.hidden);
+      return;
+    }
+    const LlamaLayer& layer = a_.layer[layer_];
+    const int attn_width = s.heads * s.head_dim;
+    Rows r{0, 0};
+    switch (part_) {
+      case 0:
+        r = RowsOf(QkvRows(s), layer_, 0);
+        base_ = layer.qkv + Span(r.begin, s.hidden);
+        elems_ = Span(r.end - r.begin, s.hidden);
+        break;
+      case kAttentionPart:
+        elems_ = item_.head < 0 ? 0 : item_.end - item_.begin;
+        break;
+      case 2:
+        r = RowsOf(s.hidden, layer_, 2);
+        base_ = layer.o + Span(r.begin, attn_width);
+        elems_ = Span(r.end - r.begin, attn_width);
+        break;
+      case 3:
+      case 4:
+        r = RowsOf(s.ffn, layer_, 3);
+        base_ = (part_ == 3 ? layer.gate : layer.up) + Span(r.begin, s.hidden);
+        elems_ = Span(r.end - r.begin, s.hidden);
+        break;
+      default:
+        r = RowsOf(s.hidden, layer_, 4);
+        base_ = layer.down + Span(r.begin, s.ffn);
+        elems_ = Span(r.end - r.begin, s.ffn);
+    }
+  }
+
+  const LlamaDecodeArgs& a_;
+  const AttentionItem item_;
+  int layer_ = 0, part_ = 0;
+  const __nv_bfloat16* base_ = nullptr;
+  size_t at_ = 0, elems_ = 0;
+};
+
+__device__ inline void PrefetchL2(const Tile& tile) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.src), "r"(tile.bytes) : "memory");
+  if (tile.second) {
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.second), "r"(tile.bytes) : "memory");
+  }
+}
+
+// Tiles the producer asks L2 for ahead of the ring: while the consumers wait at a grid barrier and
+// the ring is full, HBM keeps streaming this CTA's next tiles into L2 (at 24, 16 KiB each, about
+// 3 MiB over the GPU of the H200's 50 MiB L2: several barriers' worth of streaming).
+constexpr int kPrefetchTiles = ZEROKV_MEGAKERNEL_PREFETCH;
+
+__device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
+  const uint64_t policy = EvictFirstPolicy();
+  const AttentionItem item = AttentionItemOf(a.shape, position);
+  TileWalk copies(a, item), ahead(a, item);
+  Tile tile, later;
+  for (int i = 0; i < kPrefetchTiles && ahead.Next(&later); ++i) PrefetchL2(later);
+  while (copies.Next(&tile)) {
+    if (ahead.Next(&later)) PrefetchL2(later);
+    WaitParity(ring.empty_bar(), ring.parity() ^ 1);
+    ArriveExpectBytes(ring.full_bar(), tile.second ? 2 * tile.bytes : tile.bytes);
+    if (tile.second) {
+      // No evict-first hint on the KV rows: the next step reads them again.
+      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar());
+      BulkCopy(ring.tile() + kValueOffset, tile.second, tile.bytes, ring.full_bar());
+    } else {
+      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar(), policy);
+    }
+    ++ring.count;
+  }
+}
+
+#endif  // ZEROKV_MEGAKERNEL_PREFETCH
 
 // --- consumers ---
 
