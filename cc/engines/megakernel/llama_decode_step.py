@@ -11,6 +11,7 @@ same step through transformers' StaticCache, both measured against float32.
 
 from __future__ import annotations
 
+import copy
 import ctypes
 
 import torch
@@ -120,8 +121,6 @@ class LlamaDecodeStep:
 def float32_reference(model, cache):
     """A float32 copy of `model` and of its StaticCache `cache` (the same weights and history): the
     computation both BF16 steps approximate."""
-    import copy
-
     reference = copy.deepcopy(model).float()
     reference_cache = static_cache.allocated(reference, cache.layers[0].keys.shape[2])
     for ours, theirs in zip(reference_cache.layers, cache.layers):
