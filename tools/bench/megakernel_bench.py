@@ -1,6 +1,6 @@
 """The persistent decode-step kernel (cc/engines/megakernel) on a CUDA GPU, beside the roofline.
 
-    python3 tools/bench/megakernel_bench.py OUT_DIR [--positions 256,1024,...]
+    python3 tools/bench/megakernel_bench.py OUT_DIR [--positions 256,1024,...] [--define MACRO=VALUE ...]
 
 On the GPU machine (torch, transformers and nvcc; no ExecuTorch or Bazel needed): builds the kernel
 with nvcc into OUT_DIR (or takes --library, as Bazel built it), builds the bench's Llama-3.2-1B-shaped model (decode_roofline_model.py), then
@@ -43,9 +43,9 @@ SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/
 CHECK_POSITIONS = [0, 1, 63, 64, 65, 200, 1000, 1023, 1025, 4097, 9000]
 
 
-def build_library(out_dir: str) -> str:
+def build_library(out_dir: str, flags) -> str:
     library = os.path.join(out_dir, "libzerokv_megakernel.so")
-    command = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}",
+    command = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}", *flags,
                *[os.path.join(ROOT, source) for source in SOURCES], "-o", library]
     subprocess.run(command, check=True)
     return library
@@ -84,9 +84,13 @@ def main():
     parser.add_argument("--max-cache", type=int, default=32768)
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--library", help="a built libzerokv_megakernel.so (default: nvcc builds one in OUT_DIR)")
+    parser.add_argument("--define", action="append", default=[],
+                        help="a macro for that build, e.g. ZEROKV_MEGAKERNEL_PREFETCH=24 (repeatable)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
-    lib = megakernel.load(args.library or build_library(args.out))
+    if args.library and args.define:
+        raise SystemExit("--define builds the kernel; --library takes one built")
+    lib = megakernel.load(args.library or build_library(args.out, [f"-D{d}" for d in args.define]))
     model = bench_model.build("llama-3.2-1b", device="cuda")
     config = model.config
     cache = static_cache.allocated(model, args.max_cache)

@@ -6,6 +6,7 @@ Builds the kernel of cc/engines/megakernel with nvcc in variants and times each,
 each position over the Llama-3.2-1B-shaped model of the bench:
   ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
   prefetch<N>    the producer also asking L2 for the tiles N ahead of its ring (an experiment);
+  quarter_pv     attention's values summed by quarters of a tile, two dimensions a thread (an experiment);
   no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
   trace          every CTA's global time at each barrier's arrival and departure, summarized per
                  stage: the work between barriers, the wait in them, and how far apart CTAs arrive.
@@ -35,6 +36,7 @@ STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
 VARIANTS = {"ring10": ["-DZEROKV_MEGAKERNEL_RING=10"], "ring6": ["-DZEROKV_MEGAKERNEL_RING=6"],
             "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
             "prefetch24": ["-DZEROKV_MEGAKERNEL_PREFETCH=24"], "prefetch64": ["-DZEROKV_MEGAKERNEL_PREFETCH=64"],
+            "quarter_pv": ["-DZEROKV_MEGAKERNEL_QUARTER_PV"],
             "trace": ["-DZEROKV_MEGAKERNEL_TRACE"],
             "trace_prefetch24": ["-DZEROKV_MEGAKERNEL_TRACE", "-DZEROKV_MEGAKERNEL_PREFETCH=24"]}
 

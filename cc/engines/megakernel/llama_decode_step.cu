@@ -521,12 +521,22 @@ struct AttentionShared {
   float* max;     // [kGroup]
   float* sum;     // [kGroup]
   float* rescale; // [kGroup]
+  float* scratch; // the stage's input buffer, free during attention
 };
 
+#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
+// An experiment, not yet run (megakernel_profile.py's quarter_pv variant): each thread accumulates
+// two dimensions of one head over a quarter of each tile's positions, BF16 pairs at a time.
+using AttentionAcc = float2;
+#else
+// A thread accumulates one dimension of one head over half of each tile's positions.
+using AttentionAcc = float;
+#endif
+
 // Folds `n` positions (keys and values [n, kHeadDim]) into the running softmax of the CTA's
-// kGroup query heads; `out` is the thread's running output element (see Attention).
+// kGroup query heads; `out` is the thread's running share of the output (see Attention).
 __device__ void AttendTile(const AttentionShared& a, const __nv_bfloat16* keys, const __nv_bfloat16* values, int n,
-                           float& out) {
+                           AttentionAcc& out) {
   const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   {
     const int h = t >> 7, p = (t & 127) >> 1, half = t & 1;
@@ -562,6 +572,22 @@ __device__ void AttendTile(const AttentionShared& a, const __nv_bfloat16* keys, 
     }
   }
   ConsumerSync();
+#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
+  {
+    const int h = t >> 7, pair = t & 31, quarter = (t >> 5) & 3;
+    const float* p = a.score + h * kAttnTile;
+    const float rescale = a.rescale[h];
+    float2 acc = {out.x * rescale, out.y * rescale};
+    const int end = Min(n, quarter * 16 + 16);
+#pragma unroll 4
+    for (int i = quarter * 16; i < end; ++i) {
+      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(values + i * kHeadDim + 2 * pair));
+      acc.x += p[i] * v.x;
+      acc.y += p[i] * v.y;
+    }
+    out = acc;
+  }
+#else
   {
     const int o = t & 255, h = o >> 6, d = o & 63, half = t >> 8;
     const float* p = a.score + h * kAttnTile;
@@ -570,6 +596,7 @@ __device__ void AttendTile(const AttentionShared& a, const __nv_bfloat16* keys, 
     for (int i = half * 32; i < end; ++i) acc += p[i] * __bfloat162float(values[i * kHeadDim + d]);
     out = acc;
   }
+#endif
   ConsumerSync();
 }
 
@@ -615,7 +642,7 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     __nv_bfloat16* cache = t < kHeadDim ? layer.k_cache : layer.v_cache;
     cache[(Span(item.head, s.capacity) + position) * kHeadDim + t % kHeadDim] = new_kv[t];
   }
-  float out = 0.f;
+  AttentionAcc out{};
   for (int p = item.begin; p < item.end; p += kAttnTile) {
     WaitParity(ring.full_bar(), ring.parity());
     const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile());
@@ -631,9 +658,29 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
   float* part_m = reinterpret_cast<float*>(ws + w.part_m);
   float* part_l = reinterpret_cast<float*>(ws + w.part_l);
   const int slot = item.head * kMaxSplits + item.split;
+#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
+  {
+    const int h = t >> 7, pair = t & 31, quarter = (t >> 5) & 3;
+    auto* partial = reinterpret_cast<float2*>(sh.scratch);
+    if (quarter > 0) partial[((quarter - 1) * kGroup + h) * 32 + pair] = out;
+    ConsumerSync();
+    if (quarter == 0) {
+      float2 sum = out;
+      for (int q = 0; q < 3; ++q) {
+        const float2 other = partial[(q * kGroup + h) * 32 + pair];
+        sum.x += other.x;
+        sum.y += other.y;
+      }
+      float* row = part_o + slot * kGroup * kHeadDim + h * kHeadDim + 2 * pair;
+      row[0] = sum.x;
+      row[1] = sum.y;
+    }
+  }
+#else
   if (t >= 256) sh.score[t - 256] = out;
   ConsumerSync();
   if (t < 256) part_o[slot * kGroup * kHeadDim + t] = out + sh.score[t];
+#endif
   if (t < kGroup) {
     part_m[slot * kGroup + t] = sh.max[t];
     part_l[slot * kGroup + t] = sh.sum[t];
@@ -679,7 +726,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
   const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.score), stats,
-                           stats + kGroup, stats + 2 * kGroup};
+                           stats + kGroup, stats + 2 * kGroup, input};
   auto* new_kv = reinterpret_cast<__nv_bfloat16*>(smem + m.new_kv);
   const __nv_bfloat16* embedding_row = a.embedding + token * s.hidden;
   const AttentionItem item = AttentionItemOf(s, position);
