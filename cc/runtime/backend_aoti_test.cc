@@ -28,6 +28,7 @@
 
 #include "cc/blob/blob.h"
 #include "cc/engines/engine.h"
+#include "cc/engines/testing/in_memory_named_data.h"
 #include "cc/runtime/backend.h"
 #include "cc/runtime/delegate.h"
 #include "cc/runtime/testing/et_tensor.h"
@@ -252,39 +253,7 @@ TEST_F(BackendAotiTest, TruncatedOrCorruptBlobIsRefusedAtInit) {
   EXPECT_EQ(Init(bad_payload, nullptr).error(), Error::InvalidProgram);
 }
 
-// Named data as a map of key -> bytes the test owns.
-class TestNamedData final : public executorch::runtime::NamedDataMap {
- public:
-  // Every entry of `real`, copied.
-  explicit TestNamedData(const executorch::runtime::NamedDataMap& real) {
-    for (uint32_t i = 0; i < real.get_num_keys().get(); ++i) {
-      const char* key = real.get_key(i).get();
-      auto data = real.get_data(key);
-      const auto* bytes = static_cast<const uint8_t*>(data->data());
-      entries[key] = std::vector<uint8_t>(bytes, bytes + data->size());
-    }
-  }
-  executorch::runtime::Result<const executorch::runtime::TensorLayout> get_tensor_layout(
-      std::string_view) const override {
-    return Error::NotFound;
-  }
-  executorch::runtime::Result<FreeableBuffer> get_data(std::string_view key) const override {
-    auto found = entries.find(std::string(key));
-    if (found == entries.end()) return Error::NotFound;
-    return FreeableBuffer(found->second.data(), found->second.size(), nullptr);
-  }
-  Error load_data_into(std::string_view, void*, size_t) const override { return Error::NotSupported; }
-  executorch::runtime::Result<uint32_t> get_num_keys() const override {
-    return static_cast<uint32_t>(entries.size());
-  }
-  executorch::runtime::Result<const char*> get_key(uint32_t index) const override {
-    auto it = entries.begin();
-    std::advance(it, index);
-    return it->first.c_str();
-  }
-
-  std::map<std::string, std::vector<uint8_t>> entries;
-};
+using TestNamedData = engines::testing::InMemoryNamedData;
 
 blob::Blob MustParse(const std::vector<uint8_t>& bytes) {
   blob::Blob parsed;

@@ -2,7 +2,6 @@
 // over the same weights and caches, and a refused step is reported by the next Enqueue.
 #include <cmath>
 #include <cstring>
-#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -12,13 +11,12 @@
 #include "cc/engines/megakernel/llama_decode_step.h"
 #include "cc/engines/megakernel/megakernel_engine.h"
 #include "cc/engines/megakernel/test_blob.h"
+#include "cc/engines/testing/in_memory_named_data.h"
 #include "gtest/gtest.h"
 
 namespace zerokv::engines::megakernel {
 namespace {
 
-using executorch::runtime::Error;
-using executorch::runtime::Result;
 using testing::kHeadDim;
 using testing::kKvHeads;
 using testing::kLayers;
@@ -27,27 +25,7 @@ using testing::TestBlob;
 
 constexpr int kCapacity = 256;
 
-// Named data as key -> bytes the test owns.
-class Weights final : public NamedDataMap {
- public:
-  Result<const executorch::runtime::TensorLayout> get_tensor_layout(std::string_view) const override {
-    return Error::NotFound;
-  }
-  Result<FreeableBuffer> get_data(std::string_view key) const override {
-    auto found = entries.find(std::string(key));
-    if (found == entries.end()) return Error::NotFound;
-    return FreeableBuffer(found->second.data(), found->second.size(), nullptr);
-  }
-  Error load_data_into(std::string_view, void*, size_t) const override { return Error::NotSupported; }
-  Result<uint32_t> get_num_keys() const override { return static_cast<uint32_t>(entries.size()); }
-  Result<const char*> get_key(uint32_t index) const override {
-    auto it = entries.begin();
-    std::advance(it, index);
-    return it->first.c_str();
-  }
-
-  std::map<std::string, std::vector<uint8_t>> entries;
-};
+using Weights = engines::testing::InMemoryNamedData;
 
 uint16_t Bf16Bits(float value) {
   uint32_t bits;
