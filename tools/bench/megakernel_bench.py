@@ -25,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import subprocess
 import sys
 import time
 
@@ -38,17 +37,7 @@ import decode_roofline_peers as peers
 from tools.bench import static_cache  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
 CHECK_POSITIONS = [0, 1, 63, 64, 65, 200, 1000, 1023, 1025, 4097, 9000]
-
-
-def build_library(out_dir: str, flags) -> str:
-    library = os.path.join(out_dir, "libzerokv_megakernel.so")
-    command = ["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}", *flags,
-               *[os.path.join(ROOT, source) for source in SOURCES], "-o", library]
-    subprocess.run(command, check=True)
-    return library
 
 
 def time_step(step, graph, position, steps, warmup, vocab):
@@ -90,7 +79,8 @@ def main():
     os.makedirs(args.out, exist_ok=True)
     if args.library and args.define:
         raise SystemExit("--define builds the kernel; --library takes one built")
-    lib = megakernel.load(args.library or build_library(args.out, [f"-D{d}" for d in args.define]))
+    lib = megakernel.load(args.library or megakernel.build_with_nvcc(
+        os.path.join(args.out, "libzerokv_megakernel.so"), args.define))
     model = bench_model.build("llama-3.2-1b", device="cuda")
     config = model.config
     cache = static_cache.allocated(model, args.max_cache)

@@ -18,7 +18,6 @@ import argparse
 import ctypes
 import os
 import statistics
-import subprocess
 import sys
 
 import torch
@@ -30,22 +29,13 @@ import decode_roofline_peers as peers  # noqa: E402
 import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"ring10": ["-DZEROKV_MEGAKERNEL_RING=10"], "ring6": ["-DZEROKV_MEGAKERNEL_RING=6"],
-            "no_grid_sync": ["-DZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
-            "prefetch24": ["-DZEROKV_MEGAKERNEL_PREFETCH=24"], "prefetch64": ["-DZEROKV_MEGAKERNEL_PREFETCH=64"],
-            "quarter_pv": ["-DZEROKV_MEGAKERNEL_QUARTER_PV"],
-            "trace": ["-DZEROKV_MEGAKERNEL_TRACE"],
-            "trace_prefetch24": ["-DZEROKV_MEGAKERNEL_TRACE", "-DZEROKV_MEGAKERNEL_PREFETCH=24"]}
-
-
-def build(out_dir, name, flags):
-    library = os.path.join(out_dir, f"libzerokv_megakernel_{name}.so")
-    subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}", *flags,
-                    *[os.path.join(ROOT, s) for s in SOURCES], "-o", library], check=True)
-    return library
+VARIANTS = {"ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring6": ["ZEROKV_MEGAKERNEL_RING=6"],
+            "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
+            "prefetch24": ["ZEROKV_MEGAKERNEL_PREFETCH=24"], "prefetch64": ["ZEROKV_MEGAKERNEL_PREFETCH=64"],
+            "quarter_pv": ["ZEROKV_MEGAKERNEL_QUARTER_PV"],
+            "trace": ["ZEROKV_MEGAKERNEL_TRACE"],
+            "trace_prefetch24": ["ZEROKV_MEGAKERNEL_TRACE", "ZEROKV_MEGAKERNEL_PREFETCH=24"]}
 
 
 def summarize_trace(lib, layers, position):
@@ -93,8 +83,9 @@ def main():
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
         f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
         f" us at {p}" for p in positions), flush=True)
-    for name, flags in VARIANTS.items():
-        lib = megakernel.load(build(args.out, name, flags))
+    for name, defines in VARIANTS.items():
+        lib = megakernel.load(megakernel.build_with_nvcc(
+            os.path.join(args.out, f"libzerokv_megakernel_{name}.so"), defines))
         step = megakernel.LlamaDecodeStep(lib, model, keys, values)
         step.token.fill_(5)
         for position in positions:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import copy
 import ctypes
+import os
+import subprocess
 
 import torch
 
@@ -22,6 +24,20 @@ BAD_POSITION = 1  # kBadPosition in llama_decode_step.h
 BAD_TOKEN = 2  # kBadToken
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
+
+
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
+SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
+
+
+def build_with_nvcc(library: str, defines=()) -> str:
+    """libzerokv_megakernel.so built at `library` by the nvcc on PATH, with `defines` (MACRO=VALUE):
+    for a GPU machine's scripts that build variants without Bazel. The flags are cuda_library's
+    (tools/cuda/defs.bzl), which Bazel's build of the same library uses."""
+    subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}",
+                    *[f"-D{d}" for d in defines], *[os.path.join(ROOT, s) for s in SOURCES], "-o", library],
+                   check=True)
+    return library
 
 
 def load(path: str) -> ctypes.CDLL:
