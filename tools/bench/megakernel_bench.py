@@ -3,13 +3,14 @@
     python3 tools/bench/megakernel_bench.py OUT_DIR [--positions 256,1024,...] [--define MACRO=VALUE ...]
 
 On the GPU machine (torch, transformers and nvcc; no ExecuTorch or Bazel needed): builds the kernel
-with nvcc into OUT_DIR (or takes --library, as Bazel built it), builds the bench's Llama-3.2-1B-shaped model (decode_roofline_model.py), then
+with nvcc into OUT_DIR (or takes --library, as Bazel built it), builds the bench's
+Llama-3.2-1B-shaped model (decode_roofline_model.py), then
   1. checks the step against transformers' own decode step over a StaticCache holding random history,
      at positions that start, fill and cross attention tiles and splits, both measured against the
      float32 step: logits (cosine, top-1) and the K and V rows written, all layers, and that no
-     other row changed; a position outside the
-     cache or a token outside the vocabulary must write nothing and set the step's error word
-     (llama_decode_step.py's checks). Exits 1 on any mismatch;
+     other row changed; a position outside the cache or a token outside the vocabulary must write
+     no cache row, leave every logit NaN and set the step's error word (llama_decode_step.py's
+     checks). Exits 1 on any mismatch;
   2. times the step captured as one CUDA graph, 64 steps from each position (tab-separated rows on
      stdout and in OUT_DIR/megakernel.tsv, as decode_roofline's):
        megakernel_step    the token and position copied in from page-locked host memory, the graph
