@@ -264,9 +264,10 @@ class MegakernelEngine final : public Engine {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& slot = slots_[i];
-      const size_t needed = slot.cache ? static_cast<size_t>(s.kv_heads) * s.capacity * s.head_dim * 2
-                            : bindings_[i].name == "logits" ? static_cast<size_t>(s.vocab) * 2
-                                                            : sizeof(int64_t);
+      const size_t elements = slot.cache                      ? static_cast<size_t>(s.kv_heads) * s.capacity * s.head_dim
+                              : bindings_[i].name == "logits" ? static_cast<size_t>(s.vocab)
+                                                              : 1;
+      const size_t needed = elements * blob::ElementBytes(bindings_[i].dtype);
       if (slot.aliased_input < 0 && slot.capacity < needed) {
         return InvalidArgument("megakernel: " + Quote(bindings_[i].name) + " is bound to " +
                                std::to_string(slot.capacity) + " bytes, fewer than its " + std::to_string(needed));
@@ -382,7 +383,7 @@ class MegakernelEngine final : public Engine {
         *out = found->second;
         return Status::Ok();
       }
-      size_t bytes = c.dtype == DType::kFloat32 ? 4 : 2;
+      size_t bytes = blob::ElementBytes(c.dtype);
       for (int64_t extent : c.sizes) bytes *= static_cast<size_t>(extent);
       std::optional<FreeableBuffer> host;
       ZEROKV_RETURN_IF_ERROR(GetNamedData(named_data, c.key, "megakernel constant " + Quote(c.name), &host));
