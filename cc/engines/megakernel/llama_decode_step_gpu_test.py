@@ -89,10 +89,3 @@ def test_graph_replay_reads_the_position_it_is_given(library):
         torch.testing.assert_close(keys[1][:, position], row, rtol=2e-2, atol=2e-2,
                                    msg=lambda m: f"position {position}: the replay's K row is not a launch's: {m}")
     assert not torch.allclose(eager[10][0], eager[700][0], rtol=2e-2, atol=2e-2), "the positions' logits are alike"
-
-
-def test_refuses_a_shape_it_cannot_run(library):
-    shape = dict(SMALL, head_dim=128, num_attention_heads=4, num_key_value_heads=1)
-    model, _, keys, values = _model_and_caches(shape, 256)
-    with pytest.raises(ValueError, match="head_dim is 128, not 64"):
-        megakernel.LlamaDecodeStep(library, model, keys, values)
