@@ -26,7 +26,6 @@ sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..",
 from cc.engines.megakernel import llama_decode_step as megakernel  # noqa: E402
 import decode_roofline_model as bench_model  # noqa: E402
 import decode_roofline_peers as peers  # noqa: E402
-import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
