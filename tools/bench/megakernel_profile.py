@@ -1,12 +1,14 @@
 """Where the persistent decode step's time goes, on a CUDA GPU (a diagnostic, not a test).
 
-    python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384]
+    python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384] [--baseline CHECKOUT]
 
 Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
 each position over the Llama-3.2-1B-shaped model of the bench:
+  baseline       with --baseline, the kernel of another checkout (its cc/engines/megakernel sources),
+                 timed in the same run on the same card;
+  default        as built without defines;
   ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
-  prefetch<N>    the producer also asking L2 for the tiles N ahead of its ring (an experiment);
-  quarter_pv     attention's values summed by quarters of a tile, two dimensions a thread (an experiment);
+  split_tiles<N> attention split at N tiles a work item at least (ZEROKV_MEGAKERNEL_SPLIT_TILES);
   no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
   trace          every CTA's global time at each barrier's arrival and departure, summarized per
                  stage: the work between barriers, the wait in them, and how far apart CTAs arrive.
@@ -29,12 +31,9 @@ import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring6": ["ZEROKV_MEGAKERNEL_RING=6"],
-            "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"],
-            "prefetch24": ["ZEROKV_MEGAKERNEL_PREFETCH=24"], "prefetch64": ["ZEROKV_MEGAKERNEL_PREFETCH=64"],
-            "quarter_pv": ["ZEROKV_MEGAKERNEL_QUARTER_PV"],
-            "trace": ["ZEROKV_MEGAKERNEL_TRACE"],
-            "trace_prefetch24": ["ZEROKV_MEGAKERNEL_TRACE", "ZEROKV_MEGAKERNEL_PREFETCH=24"]}
+VARIANTS = {"default": [], "ring6": ["ZEROKV_MEGAKERNEL_RING=6"],
+            "split_tiles1": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=1"], "split_tiles8": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=8"],
+            "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 
 
 def summarize_trace(lib, layers, position):
@@ -65,6 +64,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--positions", default="256,16384")
+    parser.add_argument("--baseline", help="a checkout whose kernel to time beside this one's")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     positions = [int(p) for p in args.positions.split(",")]
@@ -78,13 +78,12 @@ def main():
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
         f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
         f" us at {p}" for p in positions), flush=True)
-    bandwidth = peers.copy_bandwidth_gbs("cuda")
-    print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
-        f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
-        f" us at {p}" for p in positions), flush=True)
-    for name, defines in VARIANTS.items():
+    variants = {name: (defines, megakernel.ROOT) for name, defines in VARIANTS.items()}
+    if args.baseline:
+        variants = {"baseline": ([], os.path.abspath(args.baseline)), **variants}
+    for name, (defines, root) in variants.items():
         lib = megakernel.load(megakernel.build_with_nvcc(
-            os.path.join(args.out, f"libzerokv_megakernel_{name}.so"), defines))
+            os.path.join(args.out, f"libzerokv_megakernel_{name}.so"), defines, root))
         step = megakernel.LlamaDecodeStep(lib, model, keys, values)
         step.token.fill_(5)
         for position in positions:

@@ -35,6 +35,12 @@ constexpr int kGroup = 4;       // query heads per KV head: the attention stage'
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most
+#ifndef ZEROKV_MEGAKERNEL_SPLIT_TILES
+#define ZEROKV_MEGAKERNEL_SPLIT_TILES 4
+#endif
+// Attention tiles per work item, at least: a head splits only where its splits' merge, a few round
+// trips to L2, costs less than the tiles it takes off the slowest CTA.
+constexpr int kMinSplitTiles = ZEROKV_MEGAKERNEL_SPLIT_TILES;
 constexpr int kStagesPerLayer = 5;
 
 template <class T>
@@ -49,7 +55,7 @@ __host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 __host__ __device__ inline int QkvRows(const LlamaShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
 struct Workspace {
-  size_t x, qkv, attn, h, part_o, part_m, part_l, head_count, barrier_count, barrier_gen, bytes;
+  size_t x, qkv, attn, h, part_o, part_m, part_l, head_count, arrivals, bytes;
 };
 
 __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
@@ -64,8 +70,7 @@ __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
   w.part_m = take(sizeof(float) * s.kv_heads * kMaxSplits * kGroup);
   w.part_l = take(sizeof(float) * s.kv_heads * kMaxSplits * kGroup);
   w.head_count = take(sizeof(uint32_t) * s.kv_heads);
-  w.barrier_count = take(sizeof(uint32_t));
-  w.barrier_gen = take(sizeof(uint32_t));
+  w.arrivals = take(sizeof(uint64_t));
   w.bytes = at;
   return w;
 }
@@ -83,7 +88,7 @@ __host__ __device__ inline int MaxInput(const LlamaShape& s) {
 }
 
 struct Shared {
-  size_t full, empty, input, acc, q, score, stats, new_kv, reduce, bytes;
+  size_t full, empty, input, acc, residual, q, cos_sin, stats, new_kv, reduce, bytes;
 };
 
 __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
@@ -92,11 +97,12 @@ __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
   auto take = [&](size_t bytes) { const size_t here = at; at += (bytes + 127) & ~size_t{127}; return here; };
   m.full = take(sizeof(uint64_t) * kRing);
   m.empty = take(sizeof(uint64_t) * kRing);
-  m.input = take(sizeof(float) * MaxInput(s));
+  m.input = take(sizeof(float) * Max(MaxInput(s), kConsumerWarps * kGroup * kHeadDim));
   m.acc = take(sizeof(float) * MaxRowsPerCta(s, ctas));
+  m.residual = take(sizeof(float) * CeilDiv(s.hidden, ctas));
   m.q = take(sizeof(float) * kGroup * kHeadDim);
-  m.score = take(sizeof(float) * kGroup * kAttnTile);
-  m.stats = take(sizeof(float) * 3 * kGroup);  // running max, running sum, rescale per head
+  m.cos_sin = take(sizeof(float) * kHeadDim);
+  m.stats = take(sizeof(float) * 2 * kConsumerWarps * kGroup);  // attention's maxes and sums
   m.new_kv = take(sizeof(__nv_bfloat16) * 2 * kHeadDim);
   m.reduce = take(sizeof(float) * (kConsumerWarps + 1));
   m.bytes = at;
@@ -122,7 +128,7 @@ struct AttentionItem {
 };
 __device__ inline AttentionItem AttentionItemOf(const LlamaShape& s, int position) {
   const int max_splits = Min(kMaxSplits, static_cast<int>(gridDim.x) / s.kv_heads);
-  const int splits = Max(1, Min(max_splits, CeilDiv(position, kAttnTile)));
+  const int splits = Max(1, Min(max_splits, CeilDiv(position, kAttnTile * kMinSplitTiles)));
   const int chunk = CeilDiv(CeilDiv(Max(position, 1), splits), kAttnTile) * kAttnTile;
   const int c = blockIdx.x;
   if (c >= splits * s.kv_heads) return {-1, 0, splits, 0, 0, false};
@@ -189,11 +195,6 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-#ifndef ZEROKV_MEGAKERNEL_PREFETCH
-#define ZEROKV_MEGAKERNEL_PREFETCH 0
-#endif
-#if ZEROKV_MEGAKERNEL_PREFETCH == 0
-// The producer as run on the H200 (decode_roofline_notes.md).
 __device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, uint64_t policy) {
   for (size_t at = 0; at < elems; at += kTileElems) {
     const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems - at));
@@ -247,133 +248,6 @@ __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
                Span(r.end - r.begin, s.hidden), policy);
 }
 
-#else
-// An experiment, not yet run (megakernel_profile.py's prefetch variants): the producer also asks L2
-// for the tiles ZEROKV_MEGAKERNEL_PREFETCH ahead of its ring.
-// One tile of the CTA's stream: `bytes` from `src` (and as many from `second` at kValueOffset).
-struct Tile {
-  const void* src;
-  const void* second;
-  uint32_t bytes;
-};
-
-// The CTA's tiles in the order the consumers take them: per layer its rows of qkv, its attention
-// item's K and V, its rows of o, gate, up and down; then its rows of the LM head.
-class TileWalk {
- public:
-  __device__ TileWalk(const LlamaDecodeArgs& a, const AttentionItem& item) : a_(a), item_(item) { Enter(); }
-
-  __device__ bool Next(Tile* tile) {
-    while (layer_ <= a_.shape.layers && at_ >= elems_) {
-      ++part_;
-      if (part_ == kParts || layer_ == a_.shape.layers) {
-        part_ = 0;
-        ++layer_;
-      }
-      Enter();
-    }
-    if (layer_ > a_.shape.layers) return false;
-    if (part_ == kAttentionPart) {
-      const size_t row = Span(item_.head, a_.shape.capacity) + item_.begin + at_;
-      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kAttnTile, elems_ - at_));
-      const LlamaLayer& layer = a_.layer[layer_];
-      *tile = {layer.k_cache + row * kHeadDim, layer.v_cache + row * kHeadDim, n * kHeadDim * 2};
-      at_ += n;
-    } else {
-      const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems_ - at_));
-      *tile = {base_ + at_, nullptr, n * 2};
-      at_ += n;
-    }
-    return true;
-  }
-
- private:
-  static constexpr int kParts = 6;  // qkv, attention, o, gate, up, down
-  static constexpr int kAttentionPart = 1;
-
-  // base_ and elems_ of (layer_, part_): elements of a weight slice, or positions of attention.
-  __device__ void Enter() {
-    const LlamaShape& s = a_.shape;
-    at_ = 0;
-    elems_ = 0;
-    if (layer_ > s.layers) return;
-    if (layer_ == s.layers) {
-      const Rows r = RowsOf(s.vocab, s.layers, 0);
-      base_ = a_.lm_head + Span(r.begin, s.hidden);
-      elems_ = Span(r.end - r.begin, s.hidden);
-      return;
-    }
-    const LlamaLayer& layer = a_.layer[layer_];
-    const int attn_width = s.heads * s.head_dim;
-    Rows r{0, 0};
-    switch (part_) {
-      case 0:
-        r = RowsOf(QkvRows(s), layer_, 0);
-        base_ = layer.qkv + Span(r.begin, s.hidden);
-        elems_ = Span(r.end - r.begin, s.hidden);
-        break;
-      case kAttentionPart:
-        elems_ = item_.head < 0 ? 0 : item_.end - item_.begin;
-        break;
-      case 2:
-        r = RowsOf(s.hidden, layer_, 2);
-        base_ = layer.o + Span(r.begin, attn_width);
-        elems_ = Span(r.end - r.begin, attn_width);
-        break;
-      case 3:
-      case 4:
-        r = RowsOf(s.ffn, layer_, 3);
-        base_ = (part_ == 3 ? layer.gate : layer.up) + Span(r.begin, s.hidden);
-        elems_ = Span(r.end - r.begin, s.hidden);
-        break;
-      default:
-        r = RowsOf(s.hidden, layer_, 4);
-        base_ = layer.down + Span(r.begin, s.ffn);
-        elems_ = Span(r.end - r.begin, s.ffn);
-    }
-  }
-
-  const LlamaDecodeArgs& a_;
-  const AttentionItem item_;
-  int layer_ = 0, part_ = 0;
-  const __nv_bfloat16* base_ = nullptr;
-  size_t at_ = 0, elems_ = 0;
-};
-
-__device__ inline void PrefetchL2(const Tile& tile) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.src), "r"(tile.bytes) : "memory");
-  if (tile.second) {
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(tile.second), "r"(tile.bytes) : "memory");
-  }
-}
-
-// Tiles the producer asks L2 for ahead of the ring: while the consumers wait at a grid barrier and
-// the ring is full, HBM keeps streaming this CTA's next tiles into L2 (at 24, 16 KiB each, about
-// 3 MiB over the GPU of the H200's 50 MiB L2: several barriers' worth of streaming).
-constexpr int kPrefetchTiles = ZEROKV_MEGAKERNEL_PREFETCH;
-
-__device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
-  const uint64_t policy = EvictFirstPolicy();
-  const AttentionItem item = AttentionItemOf(a.shape, position);
-  TileWalk copies(a, item), ahead(a, item);
-  Tile tile, later;
-  for (int i = 0; i < kPrefetchTiles && ahead.Next(&later); ++i) PrefetchL2(later);
-  while (copies.Next(&tile)) {
-    if (ahead.Next(&later)) PrefetchL2(later);
-    WaitParity(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), tile.second ? 2 * tile.bytes : tile.bytes);
-    if (tile.second) {
-      // No evict-first hint on the KV rows: the next step reads them again.
-      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar());
-      BulkCopy(ring.tile() + kValueOffset, tile.second, tile.bytes, ring.full_bar());
-    } else {
-      BulkCopy(ring.tile(), tile.src, tile.bytes, ring.full_bar(), policy);
-    }
-    ++ring.count;
-  }
-}
-
-#endif  // ZEROKV_MEGAKERNEL_PREFETCH
 
 // --- consumers ---
 
@@ -384,21 +258,23 @@ __device__ inline float WarpSum(float v) {
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
-__device__ inline float WarpMax(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
-}
 __device__ inline float Bf16(float v) { return __bfloat162float(__float2bfloat16(v)); }
 __device__ inline float Load(const float* p) { return __ldcg(p); }  // written by other CTAs this step
 
-__device__ inline uint32_t LoadAcquire(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+__device__ inline uint64_t LoadAcquire(const uint64_t* p) {
+  uint64_t v;
+  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
   return v;
 }
-__device__ inline void StoreRelease(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.gpu.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+__device__ inline uint32_t AddAcquireRelease(uint32_t* p, uint32_t v) {
+  uint32_t before;
+  asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(before) : "l"(p), "r"(v) : "memory");
+  return before;
+}
+__device__ inline uint64_t AddRelease(uint64_t* p, uint64_t v) {
+  uint64_t before;
+  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], %2;" : "=l"(before) : "l"(p), "l"(v) : "memory");
+  return before;
 }
 
 #ifdef ZEROKV_MEGAKERNEL_TRACE
@@ -414,9 +290,11 @@ __device__ inline uint64_t GlobalTime() {
 }
 #endif
 
-// Every CTA's consumers reach it before any passes: a sense-reversing barrier whose count is back
-// at zero when it opens, so that every step (and every graph replay) starts from the same state.
-__device__ void GridSync(uint32_t* count, uint32_t* gen) {
+// Every CTA's consumers reach it before any passes. `arrivals` only grows, by one per CTA at each
+// barrier, so that nothing resets it: the barrier that an arrival joins opens when the count
+// reaches the next multiple of the grid. One release (the arrival) and acquiring polls, no fences:
+// the barrier's latency is one round trip to L2 after the last arrival.
+__device__ void GridSync(uint64_t* arrivals) {
   ConsumerSync();
 #ifdef ZEROKV_MEGAKERNEL_TRACE
   const int at = g_trace_at[blockIdx.x];
@@ -427,17 +305,10 @@ __device__ void GridSync(uint32_t* count, uint32_t* gen) {
 #else
   if (threadIdx.x == 0) {
 #endif
-    const uint32_t g = LoadAcquire(gen);
-    __threadfence();
-    if (atomicAdd(count, 1) == gridDim.x - 1) {
-      atomicExch(count, 0);
-      __threadfence();
-      StoreRelease(gen, g + 1);
-    } else {
-      while (LoadAcquire(gen) == g) {
-      }
+    const uint64_t ctas = gridDim.x;
+    const uint64_t opens = (AddRelease(arrivals, 1) / ctas + 1) * ctas;
+    while (LoadAcquire(arrivals) < opens) {
     }
-    __threadfence();
   }
   ConsumerSync();
 #ifdef ZEROKV_MEGAKERNEL_TRACE
@@ -510,95 +381,87 @@ __device__ void LoadNormed(float* input, const float* x, const __nv_bfloat16* em
   ConsumerSync();
 }
 
+// The residual stream's `rows`, or the embedding row's when `x` is null (the first layer's), read
+// at a stage's start so that the wait for them overlaps the stage's input's.
+__device__ inline void LoadResidual(float* residual, const float* x, const __nv_bfloat16* embedding_row, Rows rows) {
+  for (int i = threadIdx.x; i < rows.end - rows.begin; i += kConsumerThreads) {
+    residual[i] = x ? Load(x + rows.begin + i) : __bfloat162float(embedding_row[rows.begin + i]);
+  }
+}
+
 __device__ inline void LoadVector(float* input, const float* v, int n) {
   for (int i = threadIdx.x; i < n; i += kConsumerThreads) input[i] = Load(v + i);
   ConsumerSync();
 }
 
 struct AttentionShared {
-  float* q;       // [kGroup, kHeadDim], rotated and scaled
-  float* score;   // [kGroup, kAttnTile]
-  float* max;     // [kGroup]
-  float* sum;     // [kGroup]
-  float* rescale; // [kGroup]
-  float* scratch; // the stage's input buffer, free during attention
+  float* q;        // [kGroup, kHeadDim], rotated and scaled
+  float* cos_sin;  // [kHeadDim]: cos and sin of the position's angles, interleaved
+  float* max;      // [kConsumerWarps, kGroup]: each warp's running max
+  float* sum;      // [kConsumerWarps, kGroup]: each warp's running sum
+  float* out;      // [kConsumerWarps, kGroup * kHeadDim]: each warp's output (the input buffer, free here)
 };
 
-#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
-// An experiment, not yet run (megakernel_profile.py's quarter_pv variant): each thread accumulates
-// two dimensions of one head over a quarter of each tile's positions, BF16 pairs at a time.
-using AttentionAcc = float2;
-#else
-// A thread accumulates one dimension of one head over half of each tile's positions.
-using AttentionAcc = float;
-#endif
+// Attention runs as flash-decoding inside the CTA too: each consumer warp folds its own rows of
+// every tile into its own running softmax, so that a tile costs no CTA-wide barrier, and the warps
+// merge once at the end of the split. A lane holds (row, head, half): it scores one row against
+// half of one query head; for the values it holds two dimensions of every head.
+constexpr int kRowsPerWarp = kAttnTile / kConsumerWarps;
+static_assert(kRowsPerWarp * kGroup * 2 == 32, "a lane per (row, head, half of the head dimension)");
 
-// Folds `n` positions (keys and values [n, kHeadDim]) into the running softmax of the CTA's
-// kGroup query heads; `out` is the thread's running share of the output (see Attention).
-__device__ void AttendTile(const AttentionShared& a, const __nv_bfloat16* keys, const __nv_bfloat16* values, int n,
-                           AttentionAcc& out) {
-  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
-  {
-    const int h = t >> 7, p = (t & 127) >> 1, half = t & 1;
-    float s = 0.f;
-    if (p < n) {
-      const uint4* k = reinterpret_cast<const uint4*>(keys + p * kHeadDim + half * 32);
-      const float* q = a.q + h * kHeadDim + half * 32;
+struct WarpAttention {
+  float4 q[kHeadDim / 2 / 4];  // the lane's half of its head's query
+  float max = -INFINITY;       // over the rows folded so far, for the lane's head
+  float sum = 0.f;
+  float2 out[kGroup];          // unnormalized, the lane's two dimensions of each head
+};
+
+// Folds rows [0, n) of `keys` and `values` ([n, kHeadDim], n <= kRowsPerWarp, the same across the
+// warp) into the warp's running softmax.
+__device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values, int n) {
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % 32, row = lane >> 3, half = lane & 1;
+  float score = -INFINITY;
+  if (row < n) {
+    const uint4* k = reinterpret_cast<const uint4*>(keys + row * kHeadDim + half * (kHeadDim / 2));
+    float dot = 0.f;
 #pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int chunk = (i + p) & 3;  // lanes of a quarter-warp read distinct banks
-        const float4* qc = reinterpret_cast<const float4*>(q + chunk * 8);
-        s += Dot8(k[chunk], qc[0], qc[1]);
-      }
+    for (int i = 0; i < kHeadDim / 2 / 8; ++i) dot += Dot8(k[i], w.q[2 * i], w.q[2 * i + 1]);
+    score = dot;
+  }
+  score += __shfl_xor_sync(all, score, 1);
+  float tile_max = fmaxf(score, __shfl_xor_sync(all, score, 8));  // over the rows: lane bits 3 and 4
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(all, tile_max, 16));
+  const float now = fmaxf(w.max, tile_max);
+  // A warp's rows may all lie past the tile's end, so -inf - -inf must not reach __expf.
+  const float p = score > -INFINITY ? __expf(score - now) : 0.f;
+  const float rescale = w.max > -INFINITY ? __expf(w.max - now) : 0.f;
+  float total = p + __shfl_xor_sync(all, p, 8);
+  total += __shfl_xor_sync(all, total, 16);
+  w.sum = w.sum * rescale + total;
+  w.max = now;
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    const float r = __shfl_sync(all, rescale, h << 1);
+    w.out[h].x *= r;
+    w.out[h].y *= r;
+  }
+#pragma unroll
+  for (int i = 0; i < kRowsPerWarp; ++i) {
+    if (i >= n) break;
+    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(values + i * kHeadDim + 2 * lane));
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) {
+      const float weight = __shfl_sync(all, p, (i << 3) | (h << 1));
+      w.out[h].x += weight * v.x;
+      w.out[h].y += weight * v.y;
     }
-    s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (half == 0) a.score[h * kAttnTile + p] = p < n ? s : -INFINITY;
   }
-  ConsumerSync();
-  if (warp < kGroup) {
-    float* score = a.score + warp * kAttnTile;
-    const float s0 = score[lane], s1 = score[lane + 32];
-    const float previous = a.max[warp];
-    const float now = fmaxf(previous, WarpMax(fmaxf(s0, s1)));
-    const float e0 = __expf(s0 - now), e1 = __expf(s1 - now);
-    score[lane] = e0;
-    score[lane + 32] = e1;
-    const float sum = WarpSum(e0 + e1);
-    if (lane == 0) {
-      const float rescale = __expf(previous - now);
-      a.rescale[warp] = rescale;
-      a.sum[warp] = a.sum[warp] * rescale + sum;
-      a.max[warp] = now;
-    }
-  }
-  ConsumerSync();
-#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
-  {
-    const int h = t >> 7, pair = t & 31, quarter = (t >> 5) & 3;
-    const float* p = a.score + h * kAttnTile;
-    const float rescale = a.rescale[h];
-    float2 acc = {out.x * rescale, out.y * rescale};
-    const int end = Min(n, quarter * 16 + 16);
-#pragma unroll 4
-    for (int i = quarter * 16; i < end; ++i) {
-      const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(values + i * kHeadDim + 2 * pair));
-      acc.x += p[i] * v.x;
-      acc.y += p[i] * v.y;
-    }
-    out = acc;
-  }
-#else
-  {
-    const int o = t & 255, h = o >> 6, d = o & 63, half = t >> 8;
-    const float* p = a.score + h * kAttnTile;
-    float acc = out * a.rescale[h];
-    const int end = Min(n, half * 32 + 32);
-    for (int i = half * 32; i < end; ++i) acc += p[i] * __bfloat162float(values[i * kHeadDim + d]);
-    out = acc;
-  }
-#endif
-  ConsumerSync();
 }
+
+// The weight of a running softmax with max `m` in a merge whose max is `merged`: 0 for one that has
+// seen no row.
+__device__ inline float MergeWeight(float m, float merged) { return m > -INFINITY ? __expf(m - merged) : 0.f; }
 
 // x rotated by the rotary embedding at `position`, element d of a head (as transformers' rotate_half).
 __device__ inline float Rotate(const float* head, int d, const float* cos_sin) {
@@ -612,27 +475,21 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
                           Ring& ring, const AttentionShared& sh, __nv_bfloat16* new_kv, const Workspace& w,
                           unsigned char* ws) {
   const LlamaShape& s = a.shape;
-  const int t = threadIdx.x;
+  const int t = threadIdx.x, warp = t / 32, lane = t % 32;
   const float* qkv = reinterpret_cast<const float*>(ws + w.qkv);
-  // cos and sin of the position's angles, in the model's dtype, over score[] until the first tile.
-  float* cos_sin = sh.score;
-  if (t < 32) {
+  if (t < kHeadDim / 2) {
     const float angle = static_cast<float>(position) * a.inv_freq[t];
-    cos_sin[2 * t] = Bf16(cosf(angle) * a.rope_attention_scaling);
-    cos_sin[2 * t + 1] = Bf16(sinf(angle) * a.rope_attention_scaling);
-  }
-  if (t < kGroup) {
-    sh.max[t] = -INFINITY;
-    sh.sum[t] = 0.f;
+    sh.cos_sin[2 * t] = Bf16(cosf(angle) * a.rope_attention_scaling);
+    sh.cos_sin[2 * t + 1] = Bf16(sinf(angle) * a.rope_attention_scaling);
   }
   ConsumerSync();
   const float scale = rsqrtf(static_cast<float>(kHeadDim));
   if (t < kGroup * kHeadDim) {
     const int h = t >> 6, d = t & 63;
-    sh.q[t] = Rotate(qkv + (item.head * kGroup + h) * kHeadDim, d, cos_sin) * scale;
+    sh.q[t] = Rotate(qkv + (item.head * kGroup + h) * kHeadDim, d, sh.cos_sin) * scale;
   } else if (t < kGroup * kHeadDim + kHeadDim) {
     const int d = t - kGroup * kHeadDim;
-    new_kv[d] = __float2bfloat16(Rotate(qkv + (s.heads + item.head) * kHeadDim, d, cos_sin));
+    new_kv[d] = __float2bfloat16(Rotate(qkv + (s.heads + item.head) * kHeadDim, d, sh.cos_sin));
   } else if (t < kGroup * kHeadDim + 2 * kHeadDim) {
     const int d = t - kGroup * kHeadDim - kHeadDim;
     new_kv[kHeadDim + d] = __float2bfloat16(Load(qkv + (s.heads + s.kv_heads + item.head) * kHeadDim + d));
@@ -642,73 +499,108 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     __nv_bfloat16* cache = t < kHeadDim ? layer.k_cache : layer.v_cache;
     cache[(Span(item.head, s.capacity) + position) * kHeadDim + t % kHeadDim] = new_kv[t];
   }
-  AttentionAcc out{};
+  WarpAttention mine;
+  {
+    const int head = (lane >> 1) & 3, half = lane & 1;
+    const float4* q = reinterpret_cast<const float4*>(sh.q + head * kHeadDim + half * (kHeadDim / 2));
+#pragma unroll
+    for (int i = 0; i < kHeadDim / 2 / 4; ++i) mine.q[i] = q[i];
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) mine.out[h] = {0.f, 0.f};
+  }
   for (int p = item.begin; p < item.end; p += kAttnTile) {
     WaitParity(ring.full_bar(), ring.parity());
-    const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile());
-    AttendTile(sh, keys, keys + kValueOffset / 2, Min(kAttnTile, item.end - p), out);
-    if (t % 32 == 0) Arrive(ring.empty_bar());
+    const int rows = Min(kAttnTile, item.end - p) - warp * kRowsPerWarp;
+    if (rows > 0) {
+      const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile()) + warp * kRowsPerWarp * kHeadDim;
+      AttendRows(mine, keys, keys + kValueOffset / 2, Min(rows, kRowsPerWarp));
+    }
+    __syncwarp();
+    if (lane == 0) Arrive(ring.empty_bar());
     ++ring.count;
   }
-  if (item.last) AttendTile(sh, new_kv, new_kv + kHeadDim, 1, out);
+  // This step's own row, by the warp whose share of a partial last tile is the smallest.
+  if (item.last && warp == kConsumerWarps - 1) AttendRows(mine, new_kv, new_kv + kHeadDim, 1);
 
-  // This split's unnormalized output and softmax statistics, then the head's last split to finish
-  // combines every split's.
+  // The warps' softmaxes merged into this split's unnormalized output and statistics, then the
+  // head's last split to finish merges every split's.
+  if (lane < 2 * kGroup && (lane & 1) == 0) {
+    sh.max[warp * kGroup + (lane >> 1)] = mine.max;
+    sh.sum[warp * kGroup + (lane >> 1)] = mine.sum;
+  }
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    reinterpret_cast<float2*>(sh.out + (warp * kGroup + h) * kHeadDim)[lane] = mine.out[h];
+  }
+  ConsumerSync();
+  float* attn = reinterpret_cast<float*>(ws + w.attn) + item.head * kGroup * kHeadDim;
   float* part_o = reinterpret_cast<float*>(ws + w.part_o);
   float* part_m = reinterpret_cast<float*>(ws + w.part_m);
   float* part_l = reinterpret_cast<float*>(ws + w.part_l);
   const int slot = item.head * kMaxSplits + item.split;
-#ifdef ZEROKV_MEGAKERNEL_QUARTER_PV
-  {
-    const int h = t >> 7, pair = t & 31, quarter = (t >> 5) & 3;
-    auto* partial = reinterpret_cast<float2*>(sh.scratch);
-    if (quarter > 0) partial[((quarter - 1) * kGroup + h) * 32 + pair] = out;
-    ConsumerSync();
-    if (quarter == 0) {
-      float2 sum = out;
-      for (int q = 0; q < 3; ++q) {
-        const float2 other = partial[(q * kGroup + h) * 32 + pair];
-        sum.x += other.x;
-        sum.y += other.y;
+  if (t < kGroup * kHeadDim) {
+    const int h = t >> 6;
+    float m = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kConsumerWarps; ++i) m = fmaxf(m, sh.max[i * kGroup + h]);
+    float sum = 0.f, o = 0.f;
+#pragma unroll
+    for (int i = 0; i < kConsumerWarps; ++i) {
+      const float weight = MergeWeight(sh.max[i * kGroup + h], m);
+      sum += weight * sh.sum[i * kGroup + h];
+      o += weight * sh.out[(i * kGroup) * kHeadDim + t];
+    }
+    if (item.splits == 1) {
+      attn[t] = Bf16(o / sum);
+    } else {
+      part_o[slot * kGroup * kHeadDim + t] = o;
+      if ((t & 63) == 0) {
+        part_m[slot * kGroup + h] = m;
+        part_l[slot * kGroup + h] = sum;
       }
-      float* row = part_o + slot * kGroup * kHeadDim + h * kHeadDim + 2 * pair;
-      row[0] = sum.x;
-      row[1] = sum.y;
     }
   }
-#else
-  if (t >= 256) sh.score[t - 256] = out;
-  ConsumerSync();
-  if (t < 256) part_o[slot * kGroup * kHeadDim + t] = out + sh.score[t];
-#endif
-  if (t < kGroup) {
-    part_m[slot * kGroup + t] = sh.max[t];
-    part_l[slot * kGroup + t] = sh.sum[t];
-  }
-  __threadfence();
+  if (item.splits == 1) return;
   ConsumerSync();
   __shared__ int last_to_finish;
   if (t == 0) {
+    // Releases this CTA's part (the CTA's barrier above orders its threads' writes before it) and
+    // acquires the others'.
     uint32_t* count = reinterpret_cast<uint32_t*>(ws + w.head_count) + item.head;
-    last_to_finish = atomicAdd(count, 1) == static_cast<uint32_t>(item.splits - 1);
+    last_to_finish = AddAcquireRelease(count, 1) == static_cast<uint32_t>(item.splits - 1);
     if (last_to_finish) atomicExch(count, 0);
-    __threadfence();
   }
   ConsumerSync();
-  if (last_to_finish && t < 256) {
-    const int h = t >> 6;
-    const int first = item.head * kMaxSplits;
-    float m = -INFINITY;
-    for (int i = 0; i < item.splits; ++i) m = fmaxf(m, Load(part_m + (first + i) * kGroup + h));
-    float sum = 0.f, o = 0.f;
-    for (int i = 0; i < item.splits; ++i) {
-      const float weight = __expf(Load(part_m + (first + i) * kGroup + h) - m);
-      sum += weight * Load(part_l + (first + i) * kGroup + h);
-      o += weight * Load(part_o + (first + i) * kGroup * kHeadDim + t);
+  if (!last_to_finish || t >= kGroup * kHeadDim) return;
+  // Every split's part, merged kMergeBatch at a time: one round trip to L2 per batch.
+  constexpr int kMergeBatch = 8;
+  const int h = t >> 6, first = item.head * kMaxSplits;
+  float m = -INFINITY, sum = 0.f, o = 0.f;
+  for (int batch = 0; batch < item.splits; batch += kMergeBatch) {
+    float batch_m[kMergeBatch], batch_l[kMergeBatch], batch_o[kMergeBatch];
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const int i = first + batch + j;
+      const bool here = batch + j < item.splits;
+      batch_m[j] = here ? Load(part_m + i * kGroup + h) : -INFINITY;
+      batch_l[j] = here ? Load(part_l + i * kGroup + h) : 0.f;
+      batch_o[j] = here ? Load(part_o + i * kGroup * kHeadDim + t) : 0.f;
     }
-    float* attn = reinterpret_cast<float*>(ws + w.attn);
-    attn[item.head * kGroup * kHeadDim + t] = Bf16(o / sum);
+    float now = m;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) now = fmaxf(now, batch_m[j]);
+    const float rescale = MergeWeight(m, now);
+    sum *= rescale;
+    o *= rescale;
+#pragma unroll
+    for (int j = 0; j < kMergeBatch; ++j) {
+      const float weight = MergeWeight(batch_m[j], now);
+      sum += weight * batch_l[j];
+      o += weight * batch_o[j];
+    }
+    m = now;
   }
+  attn[t] = Bf16(o / sum);
 }
 
 __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64_t token, unsigned char* smem,
@@ -719,14 +611,14 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* x = reinterpret_cast<float*>(ws + w.x);
   float* qkv = reinterpret_cast<float*>(ws + w.qkv);
   float* h = reinterpret_cast<float*>(ws + w.h);
-  auto* count = reinterpret_cast<uint32_t*>(ws + w.barrier_count);
-  auto* gen = reinterpret_cast<uint32_t*>(ws + w.barrier_gen);
+  auto* arrivals = reinterpret_cast<uint64_t*>(ws + w.arrivals);
   float* input = reinterpret_cast<float*>(smem + m.input);
   float* acc = reinterpret_cast<float*>(smem + m.acc);
+  float* residual = reinterpret_cast<float*>(smem + m.residual);
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
-  const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.score), stats,
-                           stats + kGroup, stats + 2 * kGroup, input};
+  const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.cos_sin), stats,
+                           stats + kConsumerWarps * kGroup, input};
   auto* new_kv = reinterpret_cast<__nv_bfloat16*>(smem + m.new_kv);
   const __nv_bfloat16* embedding_row = a.embedding + token * s.hidden;
   const AttentionItem item = AttentionItemOf(s, position);
@@ -742,23 +634,20 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     ConsumeSlice(ring, Span(r.end - r.begin, s.hidden), s.hidden, input, acc);
     ConsumerSync();
     for (int i = t; i < r.end - r.begin; i += kConsumerThreads) qkv[r.begin + i] = Bf16(acc[i]);
-    GridSync(count, gen);
+    GridSync(arrivals);
 
     if (item.head >= 0) Attention(a, layer, item, position, ring, sh, new_kv, w, ws);
-    GridSync(count, gen);
+    GridSync(arrivals);
 
     // x += attn . Wo
     r = RowsOf(s.hidden, l, 2);
     ZeroRows(acc, r.end - r.begin);
+    LoadResidual(residual, l == 0 ? nullptr : x, embedding_row, r);
     LoadVector(input, reinterpret_cast<const float*>(ws + w.attn), attn_width);
     ConsumeSlice(ring, Span(r.end - r.begin, attn_width), attn_width, input, acc);
     ConsumerSync();
-    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) {
-      const int row = r.begin + i;
-      const float residual = l == 0 ? __bfloat162float(embedding_row[row]) : Load(x + row);
-      x[row] = Bf16(residual + Bf16(acc[i]));
-    }
-    GridSync(count, gen);
+    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
+    GridSync(arrivals);
 
     // h = silu(norm(x) . Wgate) * (norm(x) . Wup)
     r = RowsOf(s.ffn, l, 3);
@@ -772,19 +661,17 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
       const float g = Bf16(acc[i]);
       h[r.begin + i] = Bf16(Bf16(g / (1.f + __expf(-g))) * Bf16(acc[rows + i]));
     }
-    GridSync(count, gen);
+    GridSync(arrivals);
 
     // x += h . Wdown
     r = RowsOf(s.hidden, l, 4);
     ZeroRows(acc, r.end - r.begin);
+    LoadResidual(residual, x, nullptr, r);
     LoadVector(input, h, s.ffn);
     ConsumeSlice(ring, Span(r.end - r.begin, s.ffn), s.ffn, input, acc);
     ConsumerSync();
-    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) {
-      const int row = r.begin + i;
-      x[row] = Bf16(Load(x + row) + Bf16(acc[i]));
-    }
-    GridSync(count, gen);
+    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
+    GridSync(arrivals);
   }
   // logits = norm(x) . Wlm
   const Rows r = RowsOf(s.vocab, s.layers, 0);

@@ -22,7 +22,8 @@
 //    it: it says that a step since the caller last zeroed it was refused. It may be mapped host
 //    memory, so that the caller reads it without a copy.
 //  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
-//    and used by no one else; its barrier counters return to zero at the end of every step.
+//    and used by no one else, on one GPU: its grid barrier counts arrivals of one CTA per SM and
+//    only grows, so every step must run on the same GPU.
 //  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
 //    error at launch rather than a deadlock. Capturable in a CUDA graph.
 #pragma once

@@ -30,12 +30,13 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", "..")
 SOURCES = ["cc/engines/megakernel/llama_decode_step.cu", "cc/engines/megakernel/c_api.cc"]
 
 
-def build_with_nvcc(library: str, defines=()) -> str:
-    """libzerokv_megakernel.so built at `library` by the nvcc on PATH, with `defines` (MACRO=VALUE):
-    for a GPU machine's scripts that build variants without Bazel. The flags are cuda_library's
-    (tools/cuda/defs.bzl), which Bazel's build of the same library uses."""
-    subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{ROOT}",
-                    *[f"-D{d}" for d in defines], *[os.path.join(ROOT, s) for s in SOURCES], "-o", library],
+def build_with_nvcc(library: str, defines=(), root: str = ROOT) -> str:
+    """libzerokv_megakernel.so built at `library` by the nvcc on PATH, with `defines` (MACRO=VALUE),
+    from the sources under `root` (another checkout's, to compare commits): for a GPU machine's
+    scripts that build variants without Bazel. The flags are cuda_library's (tools/cuda/defs.bzl),
+    which Bazel's build of the same library uses."""
+    subprocess.run(["nvcc", "-std=c++17", "-O3", "-arch=sm_90a", "-shared", "-Xcompiler", "-fPIC", f"-I{root}",
+                    *[f"-D{d}" for d in defines], *[os.path.join(root, s) for s in SOURCES], "-o", library],
                    check=True)
     return library
 
