@@ -36,10 +36,10 @@ constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V 
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most
 #ifndef ZEROKV_MEGAKERNEL_SPLIT_TILES
-#define ZEROKV_MEGAKERNEL_SPLIT_TILES 4
+#define ZEROKV_MEGAKERNEL_SPLIT_TILES 1
 #endif
-// Attention tiles per work item, at least: a head splits only where its splits' merge, a few round
-// trips to L2, costs less than the tiles it takes off the slowest CTA.
+// Attention tiles per work item, at least. One, measured on the H100 against 4 and 8: a split's
+// merge (two round trips to L2) costs less than a tile more on the slowest CTA.
 constexpr int kMinSplitTiles = ZEROKV_MEGAKERNEL_SPLIT_TILES;
 constexpr int kStagesPerLayer = 5;
 
@@ -271,10 +271,8 @@ __device__ inline uint32_t AddAcquireRelease(uint32_t* p, uint32_t v) {
   asm volatile("atom.add.acq_rel.gpu.global.u32 %0, [%1], %2;" : "=r"(before) : "l"(p), "r"(v) : "memory");
   return before;
 }
-__device__ inline uint64_t AddRelease(uint64_t* p, uint64_t v) {
-  uint64_t before;
-  asm volatile("atom.add.release.gpu.global.u64 %0, [%1], %2;" : "=l"(before) : "l"(p), "l"(v) : "memory");
-  return before;
+__device__ inline void AddRelease(uint64_t* p, uint64_t v) {
+  asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
 #ifdef ZEROKV_MEGAKERNEL_TRACE
@@ -290,34 +288,50 @@ __device__ inline uint64_t GlobalTime() {
 }
 #endif
 
-// Every CTA's consumers reach it before any passes. `arrivals` only grows, by one per CTA at each
-// barrier, so that nothing resets it: the barrier that an arrival joins opens when the count
-// reaches the next multiple of the grid. One release (the arrival) and acquiring polls, no fences:
-// the barrier's latency is one round trip to L2 after the last arrival.
-__device__ void GridSync(uint64_t* arrivals) {
-  ConsumerSync();
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-  const int at = g_trace_at[blockIdx.x];
-  if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][0] = GlobalTime();
-#endif
-#ifdef ZEROKV_MEGAKERNEL_NO_GRID_SYNC
-  if (false) {
-#else
-  if (threadIdx.x == 0) {
-#endif
-    const uint64_t ctas = gridDim.x;
-    const uint64_t opens = (AddRelease(arrivals, 1) / ctas + 1) * ctas;
-    while (LoadAcquire(arrivals) < opens) {
+// The grid barrier: every CTA's consumers reach it before any passes. `arrivals` only grows, by one
+// per CTA at each barrier, so that nothing resets it. Every step passes the same number of
+// barriers, so the count when a CTA starts, rounded down to a whole step's arrivals, is where the
+// step's count starts (no CTA passes the step's first barrier before every CTA has read it), and
+// the k-th barrier opens at that plus k times the grid. An arrival is then a release that nothing
+// waits for, and the barrier's latency one round trip to L2 after the last arrival's reduction.
+class GridBarrier {
+ public:
+  __device__ GridBarrier(uint64_t* arrivals, int per_step) : arrivals_(arrivals) {
+    if (threadIdx.x == 0) {
+      const uint64_t step = static_cast<uint64_t>(per_step) * gridDim.x;
+      opens_ = LoadAcquire(arrivals) / step * step;
     }
   }
-  ConsumerSync();
+
+  __device__ __forceinline__ void Sync() {
+    ConsumerSync();
 #ifdef ZEROKV_MEGAKERNEL_TRACE
-  if (threadIdx.x == 0 && at < kTraceBarriers) {
-    g_trace[blockIdx.x][at][1] = GlobalTime();
-    g_trace_at[blockIdx.x] = at + 1;
-  }
+    const int at = g_trace_at[blockIdx.x];
+    if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][0] = GlobalTime();
 #endif
-}
+#ifdef ZEROKV_MEGAKERNEL_NO_GRID_SYNC
+    if (false) {
+#else
+    if (threadIdx.x == 0) {
+#endif
+      opens_ += gridDim.x;
+      AddRelease(arrivals_, 1);
+      while (LoadAcquire(arrivals_) < opens_) {
+      }
+    }
+    ConsumerSync();
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+    if (threadIdx.x == 0 && at < kTraceBarriers) {
+      g_trace[blockIdx.x][at][1] = GlobalTime();
+      g_trace_at[blockIdx.x] = at + 1;
+    }
+#endif
+  }
+
+ private:
+  uint64_t* const arrivals_;
+  uint64_t opens_ = 0;  // thread 0's
+};
 
 __device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
   const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
@@ -611,7 +625,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* x = reinterpret_cast<float*>(ws + w.x);
   float* qkv = reinterpret_cast<float*>(ws + w.qkv);
   float* h = reinterpret_cast<float*>(ws + w.h);
-  auto* arrivals = reinterpret_cast<uint64_t*>(ws + w.arrivals);
+  GridBarrier barrier(reinterpret_cast<uint64_t*>(ws + w.arrivals), kStagesPerLayer * s.layers);
   float* input = reinterpret_cast<float*>(smem + m.input);
   float* acc = reinterpret_cast<float*>(smem + m.acc);
   float* residual = reinterpret_cast<float*>(smem + m.residual);
@@ -634,10 +648,10 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     ConsumeSlice(ring, Span(r.end - r.begin, s.hidden), s.hidden, input, acc);
     ConsumerSync();
     for (int i = t; i < r.end - r.begin; i += kConsumerThreads) qkv[r.begin + i] = Bf16(acc[i]);
-    GridSync(arrivals);
+    barrier.Sync();
 
     if (item.head >= 0) Attention(a, layer, item, position, ring, sh, new_kv, w, ws);
-    GridSync(arrivals);
+    barrier.Sync();
 
     // x += attn . Wo
     r = RowsOf(s.hidden, l, 2);
@@ -647,7 +661,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     ConsumeSlice(ring, Span(r.end - r.begin, attn_width), attn_width, input, acc);
     ConsumerSync();
     for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
-    GridSync(arrivals);
+    barrier.Sync();
 
     // h = silu(norm(x) . Wgate) * (norm(x) . Wup)
     r = RowsOf(s.ffn, l, 3);
@@ -661,7 +675,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
       const float g = Bf16(acc[i]);
       h[r.begin + i] = Bf16(Bf16(g / (1.f + __expf(-g))) * Bf16(acc[rows + i]));
     }
-    GridSync(arrivals);
+    barrier.Sync();
 
     // x += h . Wdown
     r = RowsOf(s.hidden, l, 4);
@@ -671,7 +685,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     ConsumeSlice(ring, Span(r.end - r.begin, s.ffn), s.ffn, input, acc);
     ConsumerSync();
     for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
-    GridSync(arrivals);
+    barrier.Sync();
   }
   // logits = norm(x) . Wlm
   const Rows r = RowsOf(s.vocab, s.layers, 0);
