@@ -31,7 +31,7 @@ import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"default": [], "ring6": ["ZEROKV_MEGAKERNEL_RING=6"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
+VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 

@@ -25,10 +25,10 @@ constexpr int kProducerWarp = kConsumerWarps;
 // A consumer warp's share of a full tile: one row segment, so each warp's dot product has one row.
 constexpr int kSegment = kTileElems / kConsumerWarps;
 #ifndef ZEROKV_MEGAKERNEL_RING
-#define ZEROKV_MEGAKERNEL_RING 10
+#define ZEROKV_MEGAKERNEL_RING 6
 #endif
-// 160 KiB in flight per SM: the ~35 KiB that keeps an SM's share of HBM busy, several times over,
-// so that a grid barrier's wait is spent streaming.
+// 96 KiB in flight per SM: the ~35 KiB that keeps an SM's share of HBM busy, about three times over.
+// Measured on the H100 (megakernel_profile.py), 6 was as fast as 10 or a little faster, and 4 close.
 constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
 constexpr int kHeadDim = 64;
 constexpr int kGroup = 4;       // query heads per KV head: the attention stage's thread mapping
