@@ -1,6 +1,7 @@
 """Where the persistent decode step's time goes, on a CUDA GPU (a diagnostic, not a test).
 
     python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384] [--baseline CHECKOUT]
+        [--variants default,trace]
 
 Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
 each position over the Llama-3.2-1B-shaped model of the bench:
@@ -65,7 +66,11 @@ def main():
     parser.add_argument("out")
     parser.add_argument("--positions", default="256,16384")
     parser.add_argument("--baseline", help="a checkout whose kernel to time beside this one's")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="which of " + ", ".join(VARIANTS))
     args = parser.parse_args()
+    names = args.variants.split(",")
+    if unknown := [name for name in names if name not in VARIANTS]:
+        parser.error(f"no variant {', '.join(unknown)}: the variants are {', '.join(VARIANTS)}")
     os.makedirs(args.out, exist_ok=True)
     positions = [int(p) for p in args.positions.split(",")]
     model = bench_model.build("llama-3.2-1b", device="cuda")
@@ -78,7 +83,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
         f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
         f" us at {p}" for p in positions), flush=True)
-    variants = {name: (defines, megakernel.ROOT) for name, defines in VARIANTS.items()}
+    variants = {name: (VARIANTS[name], megakernel.ROOT) for name in names}
     if args.baseline:
         variants = {"baseline": ([], os.path.abspath(args.baseline)), **variants}
     for name, (defines, root) in variants.items():
