@@ -432,7 +432,8 @@ struct WarpAttention {
 
 // Folds rows [0, n) of `keys` and `values` ([n, kHeadDim], n <= kRowsPerWarp, the same across the
 // warp) into the warp's running softmax.
-__device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values, int n) {
+__device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values,
+                                           int n) {
   const unsigned all = 0xffffffffu;
   const int lane = threadIdx.x % 32, row = lane >> 3, half = lane & 1;
   float score = -INFINITY;

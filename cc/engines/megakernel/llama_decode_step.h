@@ -23,8 +23,8 @@
 //    it: it says that a step since the caller last zeroed it was refused. It may be mapped host
 //    memory, so that the caller reads it without a copy.
 //  - `workspace` holds LlamaDecodeWorkspaceBytes(shape) bytes, zeroed once before the first step
-//    and used by no one else, on one GPU: its grid barrier counts arrivals of one CTA per SM and
-//    only grows, so every step must run on the same GPU.
+//    and used by no one else. Its grid barrier counts the arrivals of one CTA per SM, 5 a layer,
+//    and only grows, so every step over it must run on the same GPU with the same shape.
 //  - Launched cooperatively with one CTA per SM, so a GPU that cannot hold them all at once is an
 //    error at launch rather than a deadlock. Capturable in a CUDA graph.
 #pragma once
