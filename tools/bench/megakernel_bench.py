@@ -75,7 +75,7 @@ def main():
     parser.add_argument("--steps", type=int, default=64)
     parser.add_argument("--library", help="a built libzerokv_megakernel.so (default: nvcc builds one in OUT_DIR)")
     parser.add_argument("--define", action="append", default=[],
-                        help="a macro for that build, e.g. ZEROKV_MEGAKERNEL_PREFETCH=24 (repeatable)")
+                        help="a macro for that build, e.g. ZEROKV_MEGAKERNEL_RING=4 (repeatable)")
     args = parser.parse_args()
     os.makedirs(args.out, exist_ok=True)
     if args.library and args.define:
