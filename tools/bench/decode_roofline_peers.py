@@ -34,7 +34,7 @@ def _synchronize(device):
 
 def copy_bandwidth_gbs(device, size=1 << 30, repeats=20, trials=5):
     """The device-to-device copy's rate in GB/s (bytes read plus written): the best of `trials`
-    rounds of `repeats` copies. One round varied by 10% between runs on one H100 (2.71-3.02 TB/s),
+    rounds of `repeats` copies. One round varied by 10% between runs on H100s (2.71-3.02 TB/s),
     and a slow round would make the roofline easier to meet."""
     source = torch.empty(size, dtype=torch.uint8, device=device)
     target = torch.empty_like(source)
