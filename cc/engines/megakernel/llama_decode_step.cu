@@ -430,6 +430,10 @@ struct WarpAttention {
   float2 out[kGroup];          // unnormalized, the lane's two dimensions of each head
 };
 
+// The weight of a running softmax with max `m` in a merge whose max is `merged`: 0 for one that has
+// seen no row (a warp's rows may all lie past a tile's end: -inf - -inf must not reach __expf).
+__device__ inline float MergeWeight(float m, float merged) { return m > -INFINITY ? __expf(m - merged) : 0.f; }
+
 // Folds rows [0, n) of `keys` and `values` ([n, kHeadDim], n <= kRowsPerWarp, the same across the
 // warp) into the warp's running softmax.
 __device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values,
@@ -448,9 +452,8 @@ __device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16
   float tile_max = fmaxf(score, __shfl_xor_sync(all, score, 8));  // over the rows: lane bits 3 and 4
   tile_max = fmaxf(tile_max, __shfl_xor_sync(all, tile_max, 16));
   const float now = fmaxf(w.max, tile_max);
-  // A warp's rows may all lie past the tile's end, so -inf - -inf must not reach __expf.
-  const float p = score > -INFINITY ? __expf(score - now) : 0.f;
-  const float rescale = w.max > -INFINITY ? __expf(w.max - now) : 0.f;
+  const float p = MergeWeight(score, now);
+  const float rescale = MergeWeight(w.max, now);
   float total = p + __shfl_xor_sync(all, p, 8);
   total += __shfl_xor_sync(all, total, 16);
   w.sum = w.sum * rescale + total;
@@ -473,10 +476,6 @@ __device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16
     }
   }
 }
-
-// The weight of a running softmax with max `m` in a merge whose max is `merged`: 0 for one that has
-// seen no row.
-__device__ inline float MergeWeight(float m, float merged) { return m > -INFINITY ? __expf(m - merged) : 0.f; }
 
 // x rotated by the rotary embedding at `position`, element d of a head (as transformers' rotate_half).
 __device__ inline float Rotate(const float* head, int d, const float* cos_sin) {
