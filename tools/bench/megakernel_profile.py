@@ -71,6 +71,8 @@ def main():
     names = args.variants.split(",")
     if unknown := [name for name in names if name not in VARIANTS]:
         parser.error(f"no variant {', '.join(unknown)}: the variants are {', '.join(VARIANTS)}")
+    if args.baseline and not all(os.path.isfile(os.path.join(args.baseline, s)) for s in megakernel.SOURCES):
+        parser.error(f"--baseline {args.baseline}: not a checkout with {' and '.join(megakernel.SOURCES)}")
     os.makedirs(args.out, exist_ok=True)
     positions = [int(p) for p in args.positions.split(",")]
     model = bench_model.build("llama-3.2-1b", device="cuda")
