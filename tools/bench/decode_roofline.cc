@@ -22,20 +22,22 @@
 //                          column if it ran on another CPU at the end than at the start): a step
 //                          with none was not delayed by preemption or faults (interrupts are not
 //                          counted);
+//   zerokv_megakernel      DIR/megakernel: the same rows as zerokv_runtime_owned's, of the step as
+//                          one persistent kernel (the MEGAKERNEL engine), over runtime-owned caches;
 //   zerokv_static          DIR/static/zero_copy.pte: STEPS steps from each POSITION;
 //   zerokv_staged          DIR/static/staged.pte: 4 steps from each POSITION;
 //   bare_engine            DIR/static/engine.blob: STEPS steps at each POSITION;
 //   bare_engine_host_io    the same engine, with the token and position copied from the host before
 //                          each step and the logits back to it after (BareEngine::StepWithHostIO):
 //                          what of a zerokv step's time over the bare engine's is the copies.
-// DECODE_ROOFLINE_VARIANTS (comma-separated; every one by default: runtime_owned, static, staged,
-// bare) picks the variants timed, e.g. "static,bare" to compare two trees' static steps
+// DECODE_ROOFLINE_VARIANTS (comma-separated; every one by default: runtime_owned, megakernel,
+// static, staged, bare) picks the variants timed, e.g. "static,bare" to compare two trees' static steps
 // (tools/gpu/step_ab.sh), whose DIR then needs only static/ and reference/.
 // Each variant's `cuda_graph_replays_<variant>` row gives the CUDA graph replays during its steps,
 // warm-up included (median and p99 columns), and the steps (a step that did not replay ran
 // uncaptured). The last row, `dependent_launch_edges`, gives the kernel-to-kernel edges the engines
 // made programmatic in their captures (median and p99 columns) and the captures that have any.
-// Before timing, the runtime-owned and static programs decode the reference's tokens from
+// Before timing, the runtime-owned, megakernel and static programs decode the reference's tokens from
 // position 0 and are compared with Hugging Face eager's logits (DIR/reference); a row
 // `agreement_<variant>` gives the smallest cosine (median column) and the steps whose top-1 token
 // matches (p99 column) out of the steps compared.
@@ -201,12 +203,13 @@ void Agree(Module& module, const std::string& method, const Reference& reference
   std::fflush(stdout);
 }
 
-void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t steps,
-                  const std::vector<int64_t>& positions) {
+// The program DIR/<program>/decode.pte over runtime-owned caches, its rows named `variant`.
+void RuntimeOwned(const std::string& dir, const std::string& program, const std::string& variant,
+                  const Reference& reference, int64_t steps, const std::vector<int64_t>& positions) {
   std::unique_ptr<PinnedPlannedMemory> memory;
-  Module module(dir + "/runtime_owned/decode.pte", dir + "/runtime_owned/decode.ptd", Module::LoadMode::Mmap);
+  Module module(dir + "/" + program + "/decode.pte", dir + "/" + program + "/decode.ptd", Module::LoadMode::Mmap);
   LoadPinned(module, "decode", &memory);
-  Agree(module, "decode", reference, "runtime_owned");
+  Agree(module, "decode", reference, program);
   // The agreement left the caches at the reference's length: start over from position 0.
   ZeroKVSequence* caches = zerokv_kv_implicit_sequence();
   if (caches == nullptr || zerokv_kv_sequence_reset(caches) != 0) Fail("cannot reset the runtime-owned caches");
@@ -228,25 +231,24 @@ void RuntimeOwned(const std::string& dir, const Reference& reference, int64_t st
     grew.push_back(metrics.growths > growths);
     (grew.back() ? growth : without_growth).push_back(times.back());
   }
-  Replays("zerokv_runtime_owned", replays, times.size());
+  Replays(variant, replays, times.size());
   zerokv_kv_sequence_release(caches);
   for (int64_t position : positions) {
-    Row("zerokv_runtime_owned", position, {times.begin() + position, times.begin() + position + steps});
+    Row(variant, position, {times.begin() + position, times.begin() + position + steps});
   }
-  Row("zerokv_runtime_owned_all", 0, times);
-  Spread("zerokv_runtime_owned_growth", growth);
-  Spread("zerokv_runtime_owned_after_growth", after_growth);
-  Spread("zerokv_runtime_owned_without_growth", without_growth);
+  Row(variant + "_all", 0, times);
+  Spread(variant + "_growth", growth);
+  Spread(variant + "_after_growth", after_growth);
+  Spread(variant + "_without_growth", without_growth);
   std::vector<double> sorted = times;
   std::nth_element(sorted.begin(), sorted.begin() + sorted.size() / 2, sorted.end());
   const double twice_median = 2 * sorted[sorted.size() / 2];
   for (int64_t position = 0; position < end; ++position) {
     if (grew[position] || times[position] > twice_median) {
-      const std::string variant =
-          grew[position] ? "zerokv_runtime_owned_growth_step" : "zerokv_runtime_owned_slow_step";
-      Row(variant, position, {times[position]});
+      const std::string outlier = variant + (grew[position] ? "_growth_step" : "_slow_step");
+      Row(outlier, position, {times[position]});
       const auto& [started, ended] = host[position];
-      std::printf("%s_host\t%lld\t%ld\t%ld\t%d\n", variant.c_str(),
+      std::printf("%s_host\t%lld\t%ld\t%ld\t%d\n", outlier.c_str(),
                   static_cast<long long>(position), ended.involuntary_switches - started.involuntary_switches,
                   ended.page_faults - started.page_faults, started.cpu != ended.cpu ? 1 : 0);
       std::fflush(stdout);
@@ -298,7 +300,7 @@ void Bare(const std::string& dir, int64_t steps, const std::vector<int64_t>& pos
 
 // The variants DECODE_ROOFLINE_VARIANTS names, or every one.
 std::set<std::string> Variants() {
-  const std::set<std::string> every = {"runtime_owned", "static", "staged", "bare"};
+  const std::set<std::string> every = {"runtime_owned", "megakernel", "static", "staged", "bare"};
   const char* named = std::getenv("DECODE_ROOFLINE_VARIANTS");
   if (named == nullptr || *named == '\0') return every;
   std::set<std::string> variants;
@@ -331,7 +333,7 @@ int main(int argc, char** argv) {
   }
   const std::set<std::string> variants = Variants();
   Reference reference;
-  if (variants.count("runtime_owned") || variants.count("static")) {
+  if (variants.count("runtime_owned") || variants.count("megakernel") || variants.count("static")) {
     reference.tokens = ReadFile<int64_t>(dir + "/reference/tokens.bin");
     reference.logits = ReadFile<float>(dir + "/reference/logits.bin");
     if (reference.tokens.empty() || reference.logits.size() % reference.tokens.size() != 0) {
@@ -339,7 +341,10 @@ int main(int argc, char** argv) {
     }
     reference.vocab = reference.logits.size() / reference.tokens.size();
   }
-  if (variants.count("runtime_owned")) RuntimeOwned(dir, reference, steps, positions);
+  if (variants.count("runtime_owned")) {
+    RuntimeOwned(dir, "runtime_owned", "zerokv_runtime_owned", reference, steps, positions);
+  }
+  if (variants.count("megakernel")) RuntimeOwned(dir, "megakernel", "zerokv_megakernel", reference, steps, positions);
   if (variants.count("static")) Static(dir, "zero_copy", "zerokv_static", &reference, steps, positions);
   if (variants.count("staged")) {
     Static(dir, "staged", "zerokv_staged", nullptr, std::min<int64_t>(steps, kStagedSteps), positions);

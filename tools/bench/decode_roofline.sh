@@ -11,6 +11,9 @@
 #           OUT_DIR/decode_roofline.md, OUT_DIR/decode_roofline.png);
 #   profile (not by default) times the static step's kernels one by one at the positions
 #           (decode_roofline_profile.py: OUT_DIR/profile.md).
+# DECODE_ROOFLINE_PROGRAMS (space-separated, e.g. "megakernel reference") exports only those programs
+# (decode_roofline_programs.py --programs), DECODE_ROOFLINE_VARIANTS times only those variants
+# (decode_roofline.cc).
 # Positions: 256 1024 4096 8192 16384 by default.
 set -euo pipefail
 programs=$1 runner=$2 peers=$3 report=$4 profile=$5
@@ -25,7 +28,8 @@ mkdir -p "$out"
 if [[ $phases == *" zerokv "* ]]; then
   work=$(mktemp -d)
   trap 'rm -rf "$work"' EXIT
-  "$programs" "$work" >&2
+  # shellcheck disable=SC2086  # a list of programs
+  "$programs" "$work" ${DECODE_ROOFLINE_PROGRAMS:+--programs $DECODE_ROOFLINE_PROGRAMS} >&2
   cp "$work/model.json" "$out/"
   "$runner" "$work" "$steps" "$@" | tee "$out/zerokv.tsv" >&2
 fi

@@ -12,6 +12,9 @@ cuda_graph):
   DIR/runtime_owned/decode.pte (+ .ptd): over runtime-owned caches, grown by doubling from
     --initial-capacity to --max-cache; one engine for every capacity, attention over the committed
     positions only.
+  DIR/megakernel/decode.pte (+ .ptd): the step as one persistent CUDA kernel (the MEGAKERNEL engine,
+    zerokv.megakernel) over runtime-owned caches grown as runtime_owned's; attention over the
+    committed positions only.
   DIR/static/zero_copy.pte (+ .ptd): over caller-owned static caches of --max-cache positions (the
     program's buffers, written in place); attention stops at the committed length.
   DIR/static/staged.pte (+ .ptd): the same with zero_copy_kv=False: the caches are copied in and out
@@ -37,7 +40,7 @@ import torch
 from tools.bench import decode_roofline_model as bench_model
 
 REFERENCE_STEPS = 32
-PROGRAMS = ("runtime_owned", "static", "staged", "reference")
+PROGRAMS = ("runtime_owned", "megakernel", "static", "staged", "reference")
 PROMPT_TOKEN = 1
 
 
@@ -96,6 +99,18 @@ def export_runtime_owned(directory, shape, linear, max_cache, initial_capacity):
     return "runtime-owned"
 
 
+def export_megakernel(directory, shape, max_cache, initial_capacity):
+    import zerokv.executorch as zx
+    from zerokv.megakernel.export import export_decode
+
+    model = bench_model.build(shape, device="cuda").cpu()
+    program, runtime_kv = export_decode(model, max_cache, initial_capacity)
+    manager = zx.export({"decode": program}, engine="megakernel", runtime_kv=runtime_kv)
+    os.makedirs(directory, exist_ok=True)
+    zx.save(manager, os.path.join(directory, "decode.pte"))
+    return "megakernel"
+
+
 def export_static(directory, shape, linear, max_cache, zero_copy):
     import zerokv.executorch as zx
     from zerokv.executorch.delegates import sole_delegate_blob
@@ -146,6 +161,8 @@ def main():
     args = parser.parse_args()
     jobs = {"runtime_owned": (export_runtime_owned, os.path.join(args.out, "runtime_owned"), args.shape, args.linear,
                               args.max_cache, args.initial_capacity),
+            "megakernel": (export_megakernel, os.path.join(args.out, "megakernel"), args.shape, args.max_cache,
+                           args.initial_capacity),
             "static": (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache,
                        True),
             "staged": (export_static, os.path.join(args.out, "static"), args.shape, args.linear, args.max_cache,

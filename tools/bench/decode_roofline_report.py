@@ -15,6 +15,7 @@ import os
 import sys
 
 DECODERS = [  # (variant, column): the per-step medians, fastest zerokv first
+    ("zerokv_megakernel", "zerokv megakernel"),
     ("zerokv_static", "zerokv static zero-copy"),
     ("zerokv_runtime_owned", "zerokv runtime-owned"),
     ("zerokv_staged", "zerokv staged"),
@@ -24,7 +25,9 @@ DECODERS = [  # (variant, column): the per-step medians, fastest zerokv first
     ("hf_compile", "HF compile"),
     ("hf_compile_tight", "HF compile, tight cache"),
 ]
-ZEROKV = ("zerokv_static", "zerokv_runtime_owned")
+ZEROKV = ("zerokv_megakernel", "zerokv_static", "zerokv_runtime_owned")
+# The variants over runtime-owned caches, timed at every step from position 0 (growth steps included).
+RUNTIME_OWNED = (("zerokv_runtime_owned", "zerokv runtime-owned"), ("zerokv_megakernel", "zerokv megakernel"))
 PEERS = ("hf_eager", "hf_compile", "hf_compile_tight")
 
 
@@ -52,9 +55,14 @@ def _between_growths(position, growths):
     return ", ".join(places) or "with no growth in the run"
 
 
+def measured_positions(rows):
+    """The positions any zerokv variant was timed at."""
+    return sorted(set().union(*(rows[variant] for variant in ZEROKV if variant in rows)))
+
+
 def table(model, rows):
     bandwidth = rows["d2d_copy_bandwidth"][0][0]
-    positions = sorted(rows["zerokv_static"])
+    positions = measured_positions(rows)
     lines = ["| position | roofline | " + " | ".join(column for _, column in DECODERS) +
              " | best zerokv / roofline | best peer / best zerokv |",
              "| ---: " * (len(DECODERS) + 4) + "|"]
@@ -73,22 +81,22 @@ def table(model, rows):
         if variant in rows:
             lines.append(f"- {column}: " + ", ".join(
                 f"{position}: {p99:.3f} ({median:.3f})" for position, (median, p99, _) in sorted(rows[variant].items())))
-    if "zerokv_runtime_owned_all" in rows:
-        median, p99, steps = rows["zerokv_runtime_owned_all"][0]
-        lines.append(f"- zerokv runtime-owned, every step from position 0: {steps} steps, median {median:.3f}, "
-                     f"p99 {p99:.3f}")
-    for variant, steps in (("zerokv_runtime_owned_growth", "steps that grew the caches"),
-                           ("zerokv_runtime_owned_after_growth", "steps right after a growth"),
-                           ("zerokv_runtime_owned_without_growth", "steps that did not grow them")):
-        if variant in rows:
-            median, slowest, count = rows[variant][0]
-            lines.append(f"- zerokv runtime-owned, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")
-    growths = sorted(rows.get("zerokv_runtime_owned_growth_step", {}))
-    host = rows.get("zerokv_runtime_owned_slow_step_host", {})
-    for position, (ms, _, _) in sorted(rows.get("zerokv_runtime_owned_slow_step", {}).items()):
-        lines.append(f"- zerokv runtime-owned, a step over twice the median that did not grow the caches: "
-                     f"{ms:.3f} ms at position {position}, {_between_growths(position, growths)}"
-                     + (f"; meanwhile the runner's thread {_host_events(*host[position])}" if position in host else ""))
+    for prefix, name in RUNTIME_OWNED:
+        if prefix + "_all" in rows:
+            median, p99, steps = rows[prefix + "_all"][0]
+            lines.append(f"- {name}, every step from position 0: {steps} steps, median {median:.3f}, p99 {p99:.3f}")
+        for suffix, steps in (("_growth", "steps that grew the caches"), ("_after_growth", "steps right after a growth"),
+                              ("_without_growth", "steps that did not grow them")):
+            if prefix + suffix in rows:
+                median, slowest, count = rows[prefix + suffix][0]
+                lines.append(f"- {name}, the {count} {steps}: median {median:.3f}, slowest {slowest:.3f}")
+        growths = sorted(rows.get(prefix + "_growth_step", {}))
+        host = rows.get(prefix + "_slow_step_host", {})
+        for position, (ms, _, _) in sorted(rows.get(prefix + "_slow_step", {}).items()):
+            lines.append(f"- {name}, a step over twice the median that did not grow the caches: "
+                         f"{ms:.3f} ms at position {position}, {_between_growths(position, growths)}"
+                         + (f"; meanwhile the runner's thread {_host_events(*host[position])}" if position in host
+                            else ""))
     for variant in sorted(v for v in rows if v.startswith("agreement_")):
         cosine, matches, steps = rows[variant][0]
         lines.append(f"- {variant[len('agreement_'):]} against Hugging Face eager over positions 0-{steps - 1}: "
@@ -118,7 +126,7 @@ def plot(model, rows, path):
     from matplotlib import pyplot
 
     bandwidth = rows["d2d_copy_bandwidth"][0][0]
-    positions = sorted(rows["zerokv_static"])
+    positions = measured_positions(rows)
     figure, axes = pyplot.subplots(figsize=(8, 5))
     axes.plot(positions, [roofline_ms(model, p, bandwidth) for p in positions], "k--", label="roofline")
     for variant, column in DECODERS:

@@ -157,8 +157,7 @@ class MegakernelEngine final : public Engine {
     Roles roles;
     ZEROKV_RETURN_IF_ERROR(ReadShape(constants, settings, &roles));
     ZEROKV_RETURN_IF_ERROR(constants.CheckAllUsed());
-    MakeBindings();
-    ZEROKV_RETURN_IF_ERROR(CheckBlobBindings(blob.metadata));
+    ZEROKV_RETURN_IF_ERROR(MakeBindings(blob.metadata));
     if (cudaError_t e = cudaSetDevice(blob.device_id); e != cudaSuccess) {
       return CudaError("megakernel: selecting CUDA device " + std::to_string(blob.device_id), e);
     }
@@ -264,9 +263,9 @@ class MegakernelEngine final : public Engine {
     }
     for (size_t i = 0; i < slots_.size(); ++i) {
       const Slot& slot = slots_[i];
-      const size_t elements = slot.cache                      ? static_cast<size_t>(s.kv_heads) * s.capacity * s.head_dim
-                              : bindings_[i].name == "logits" ? static_cast<size_t>(s.vocab)
-                                                              : 1;
+      const size_t elements = slot.cache                ? static_cast<size_t>(s.kv_heads) * s.capacity * s.head_dim
+                              : i + 1 == slots_.size() ? static_cast<size_t>(s.vocab)
+                                                       : 1;
       const size_t needed = elements * blob::ElementBytes(bindings_[i].dtype);
       if (slot.aliased_input < 0 && slot.capacity < needed) {
         return InvalidArgument("megakernel: " + Quote(bindings_[i].name) + " is bound to " +
@@ -430,40 +429,45 @@ class MegakernelEngine final : public Engine {
     return Status::Ok();
   }
 
-  void MakeBindings() {
-    auto add = [&](std::string name, Direction direction, DType dtype, bool cache, int aliased_input) {
-      bindings_.push_back({std::move(name), direction, dtype});
-      slots_.push_back({cache, aliased_input, {}, nullptr, 0});
-    };
-    add("token", Direction::kInput, DType::kInt64, false, -1);
-    add("position", Direction::kInput, DType::kInt64, false, -1);
-    for (int l = 0; l < args_.shape.layers; ++l) {
-      add("k_cache_" + std::to_string(l), Direction::kInput, DType::kBfloat16, true, -1);
-      add("v_cache_" + std::to_string(l), Direction::kInput, DType::kBfloat16, true, -1);
-    }
-    for (int l = 0; l < args_.shape.layers; ++l) {
-      add("k_cache_" + std::to_string(l) + "_out", Direction::kOutput, DType::kBfloat16, true, kFirstCache + 2 * l);
-      add("v_cache_" + std::to_string(l) + "_out", Direction::kOutput, DType::kBfloat16, true,
-          kFirstCache + 2 * l + 1);
-    }
-    add("logits", Direction::kOutput, DType::kBfloat16, false, -1);
-  }
-
-  // The blob's bindings are the step's, in its order (the runtime checks them against bindings()
-  // too; here the refusal can say which one and what the step expects).
-  Status CheckBlobBindings(const blob::Metadata& metadata) const {
-    if (metadata.bindings.size() != bindings_.size()) {
+  // The step's bindings, named as the blob names them (an export names them after the program's
+  // inputs), each in its place: token, position, K and V of each layer; their writes; the logits.
+  Status MakeBindings(const blob::Metadata& metadata) {
+    const int layers = args_.shape.layers;
+    const size_t count = 2 + 4 * static_cast<size_t>(layers) + 1;
+    if (metadata.bindings.size() != count) {
       return InvalidProgram("megakernel: the blob has " + std::to_string(metadata.bindings.size()) +
-                            " bindings; the step of " + std::to_string(args_.shape.layers) + " layers has " +
-                            std::to_string(bindings_.size()));
+                            " bindings; the step of " + std::to_string(layers) + " layers has " + std::to_string(count));
     }
+    auto add = [&](const std::string& role, Direction direction, DType dtype, bool cache, int aliased_input) {
+      const size_t index = bindings_.size();
+      const blob::IOBinding& got = metadata.bindings[index];
+      if (got.direction != direction || got.dtype != dtype) {
+        return InvalidProgram("megakernel: binding " + std::to_string(index) + " " + Quote(got.name) + " is (" +
+                              ToString(got.direction) + ", " + ToString(got.dtype) + "); the step's " + role +
+                              " is (" + ToString(direction) + ", " + ToString(dtype) + ")");
+      }
+      bindings_.push_back({got.name, direction, dtype});
+      slots_.push_back({cache, aliased_input, {}, nullptr, 0});
+      return Status::Ok();
+    };
+    ZEROKV_RETURN_IF_ERROR(add("token", Direction::kInput, DType::kInt64, false, -1));
+    ZEROKV_RETURN_IF_ERROR(add("position", Direction::kInput, DType::kInt64, false, -1));
+    for (int l = 0; l < layers; ++l) {
+      for (const char* kind : {"K", "V"}) {
+        ZEROKV_RETURN_IF_ERROR(
+            add("layer " + std::to_string(l) + " " + kind + " cache", Direction::kInput, DType::kBfloat16, true, -1));
+      }
+    }
+    for (int c = 0; c < 2 * layers; ++c) {
+      ZEROKV_RETURN_IF_ERROR(add("layer " + std::to_string(c / 2) + (c % 2 ? " V" : " K") + " cache's write",
+                                 Direction::kOutput, DType::kBfloat16, true, kFirstCache + c));
+    }
+    ZEROKV_RETURN_IF_ERROR(add("logits", Direction::kOutput, DType::kBfloat16, false, -1));
+    std::map<std::string, int> seen;
     for (size_t i = 0; i < bindings_.size(); ++i) {
-      const blob::IOBinding& got = metadata.bindings[i];
-      const EngineBinding& want = bindings_[i];
-      if (got.name != want.name || got.direction != want.direction || got.dtype != want.dtype) {
-        return InvalidProgram("megakernel: binding " + std::to_string(i) + " is " + Quote(got.name) + " (" +
-                              ToString(got.direction) + ", " + ToString(got.dtype) + "), not " + Quote(want.name) +
-                              " (" + ToString(want.direction) + ", " + ToString(want.dtype) + ")");
+      if (!seen.emplace(bindings_[i].name, static_cast<int>(i)).second) {
+        return InvalidProgram("megakernel: bindings " + std::to_string(seen[bindings_[i].name]) + " and " +
+                              std::to_string(i) + " are both named " + Quote(bindings_[i].name));
       }
     }
     return Status::Ok();

@@ -24,6 +24,15 @@ TEST(MegakernelEngineTest, AValidBlobPassesEveryCheckOfTheBlob) {
       << refusal;
 }
 
+TEST(MegakernelEngineTest, TakesTheBlobsNamesForTheBindings) {
+  TestBlob renamed;
+  for (blob::IOBinding& binding : renamed.blob.metadata.bindings) binding.name = "exported_" + binding.name;
+  const std::string refusal = renamed.Refusal();
+  EXPECT_TRUE(refusal.find("selecting CUDA device 0") != std::string::npos ||
+              refusal.find("has no named data") != std::string::npos)
+      << refusal;
+}
+
 TEST(MegakernelEngineTest, RefusesAPayloadThatIsNotTheStepsSettings) {
   TestBlob missing;
   missing.payload = "rms_eps 1e-05\n";
@@ -75,7 +84,10 @@ TEST(MegakernelEngineTest, RefusesBindingsThatAreNotTheSteps) {
   TestBlob logits;
   logits.blob.metadata.bindings.back().dtype = DType::kFloat32;
   EXPECT_EQ(logits.Refusal(),
-            "megakernel: binding 10 is 'logits' (OUTPUT, FLOAT32), not 'logits' (OUTPUT, BFLOAT16)");
+            "megakernel: binding 10 'logits' is (OUTPUT, FLOAT32); the step's logits is (OUTPUT, BFLOAT16)");
+  TestBlob twice;
+  twice.blob.metadata.bindings[3].name = "k_cache_0";
+  EXPECT_EQ(twice.Refusal(), "megakernel: bindings 2 and 3 are both named 'k_cache_0'");
   TestBlob fewer;
   fewer.blob.metadata.bindings.pop_back();
   EXPECT_EQ(fewer.Refusal(), "megakernel: the blob has 10 bindings; the step of 2 layers has 11");

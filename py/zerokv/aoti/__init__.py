@@ -9,8 +9,11 @@ from zerokv.aoti.compile import (
     NAMED_DATA_ALIGNMENT,
     AotiCompileError,
     EngineBuild,
+    add_constant,
+    binding_table,
     compile_aoti,
     named_data_key,
 )
 
-__all__ = ["NAMED_DATA_ALIGNMENT", "AotiCompileError", "EngineBuild", "compile_aoti", "named_data_key"]
+__all__ = ["NAMED_DATA_ALIGNMENT", "AotiCompileError", "EngineBuild", "add_constant", "binding_table", "compile_aoti",
+           "named_data_key"]

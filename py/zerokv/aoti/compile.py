@@ -138,7 +138,7 @@ def compile_aoti(
     else:
         program = _export(program.to(torch_device), example_inputs, dynamic_shapes)
 
-    bindings, aliased_io = _binding_table(program, binding_device or (
+    bindings, aliased_io = binding_table(program, binding_device or (
         blob.Device.CUDA if torch_device.type == "cuda" else blob.Device.CPU))
     # zerokv's kernels; Inductor's are named as it defines them (_name_early_kernels).
     metadata = package_metadata(bindings, aliased_io, torch_device, cuda_graph,
@@ -176,7 +176,7 @@ def compile_aoti(
         build = EngineBuild(payload=b"", bindings=bindings, aliased_io=aliased_io)
         for weights in (f for f in files if isinstance(f, Weights)):
             for name, (tensor, _) in weights.items():
-                _add_constant(build, name, tensor)
+                add_constant(build, name, tensor)
         path = os.path.join(directory, "engine.pt2")
         package_aoti(path, [f for f in files if isinstance(f, str)])
         with open(path, "rb") as package:
@@ -251,7 +251,7 @@ def _name_early_kernels(device: torch.device, inductor_sources) -> None:
         dependent_launch.early_kernels(device, inductor_sources))
 
 
-def _add_constant(build, name, tensor):
+def add_constant(build, name, tensor):
     """Adds `tensor`'s whole storage to build.named_data and its place in it to build.constants."""
     if tensor.dtype not in BLOB_DTYPES:
         raise AotiCompileError(f"constant {name!r} has dtype {tensor.dtype}, which the blob cannot express")
@@ -276,7 +276,9 @@ def _export(module, example_inputs, dynamic_shapes):
     return torch.export.export(module, example_inputs, dynamic_shapes=dynamic_shapes, strict=False)
 
 
-def _binding_table(program: ExportedProgram, binding_device: blob.Device):
+def binding_table(program: ExportedProgram, binding_device: blob.Device):
+    """The bindings of `program`'s user inputs, of the writes of its mutated inputs (each aliased to
+    its input, as `<input>_out`) and of its outputs, in that order; and the aliased I/O."""
     functional = program.run_decompositions({})
     signature = functional.graph_signature
     for spec in signature.output_specs:

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from zerokv import blob
-from zerokv.aoti.compile import _binding_table, _export, package_metadata
+from zerokv.aoti.compile import binding_table, _export, package_metadata
 from zerokv.kernels import dependent_launch
 
 
@@ -35,7 +35,7 @@ def _inputs():
 
 
 def _table(module, inputs, device=blob.Device.CUDA):
-    return _binding_table(_export(module, inputs, None), device)
+    return binding_table(_export(module, inputs, None), device)
 
 
 def test_a_mutated_input_is_an_aliased_output_binding():

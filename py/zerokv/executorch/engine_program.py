@@ -21,7 +21,7 @@ from zerokv.executorch.engine_build import EngineBuildError
 from zerokv.executorch.engines import (
     DIM_ORDER_OPS,
     aten_target,
-    value_readers,
+    readers_besides,
     write_backs,
     written_back,
 )
@@ -54,7 +54,7 @@ def _rewrite_in_place(graph_module: fx.GraphModule, aliased_inputs, delegate: st
             raise EngineBuildError(f"{delegate}: aliased input '{name}' is not an input of the delegate")
         writes = [user for user in cache.users if is_kv_write(user) and user.args[0] is cache]
         _drop_from_outputs(graph_module, cache, writes)
-        others = [user for user in value_readers(cache) if user not in writes and user.op != "output"]
+        others = [user for user in readers_besides(cache, writes[0]) if user.op != "output"] if len(writes) == 1 else []
         if len(writes) != 1 or others:
             raise EngineBuildError(
                 f"{delegate}: cache input '{name}' must be written exactly once and read only through "

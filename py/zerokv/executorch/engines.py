@@ -24,7 +24,7 @@ from torch import fx
 
 from zerokv import blob, kvwrite
 from zerokv.errors import ZeroKVError
-from zerokv.executorch import aoti_engine, tensorrt_engine
+from zerokv.executorch import aoti_engine, megakernel_engine, tensorrt_engine
 from zerokv.executorch.engine_build import EngineBuild
 from zerokv.tensorrt.converters import CONVERTERS
 from zerokv.tensorrt.kv_cache import kv_write_alias_decline
@@ -35,7 +35,8 @@ DIM_ORDER_OPS = {
     torch.ops.dim_order_ops._clone_dim_order.default: torch.ops.aten.clone.default,
 }
 
-ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT}
+ENGINE_KINDS = {"aoti": blob.EngineKind.AOTI, "tensorrt": blob.EngineKind.TENSORRT,
+                "megakernel": blob.EngineKind.MEGAKERNEL}
 
 _aten = torch.ops.aten
 # The Edge dialect spells views as copies; engines take the views (they never alias a view's input).
@@ -70,6 +71,12 @@ PRESERVED_OPS = (torch.ops.aten.index_copy.default, torch.ops.aten.scaled_dot_pr
 def value_readers(node: fx.Node):
     """The users of `node` that read its contents (not only its shape, which a write never changes)."""
     return [user for user in node.users if not (user.op == "call_function" and aten_target(user) is _aten.sym_size.int)]
+
+
+def readers_besides(cache: fx.Node, write: fx.Node):
+    """The readers of `cache`'s old value that writing `write` in place could change: every reader
+    but `write` itself and those proven to read none of the rows it writes (kvwrite.unaffected_by)."""
+    return [reader for reader in value_readers(cache) if reader is not write and not kvwrite.unaffected_by(reader, write)]
 
 
 def _is_write_back(value, cache: fx.Node) -> bool:
@@ -156,6 +163,23 @@ class TensorRTEngine:
         return tensorrt_engine.build(program, aliased_inputs, device, self.profiles)
 
 
+class MegakernelEngine:
+    """The MEGAKERNEL engine: a transformers Llama model's decode step as one persistent CUDA kernel
+    (zerokv.megakernel.llama_step's op, and the KV writes of its rows, which it writes in place)."""
+
+    kind = blob.EngineKind.MEGAKERNEL
+    binding_alignment = None
+
+    def supports(self, node: fx.Node) -> bool:
+        return megakernel_engine.supports(node)
+
+    def alias_decline(self, write: fx.Node, program) -> str | None:
+        return megakernel_engine.alias_decline(write)
+
+    def build(self, program, aliased_inputs, device: str) -> EngineBuild:
+        return megakernel_engine.build(program, aliased_inputs, device)
+
+
 def planned_for(engine, config, methods):
     """`config` with the memory of `methods` planned at `engine.binding_alignment`.
 
@@ -190,6 +214,8 @@ def engine_named(name: str, **options):
         return AotiEngine(**options)
     if name == "tensorrt":
         return TensorRTEngine(**options)
+    if name == "megakernel":
+        return MegakernelEngine(**options)
     raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")
 
 
@@ -199,4 +225,6 @@ def engine_module(name: str):
         return aoti_engine
     if name == "tensorrt":
         return tensorrt_engine
+    if name == "megakernel":
+        return megakernel_engine
     raise ZeroKVError(f"engine: unknown engine {name!r}; zerokv has {sorted(ENGINE_KINDS)}")

@@ -34,7 +34,7 @@ from torch.utils import _pytree as pytree
 from zerokv import blob
 from zerokv.errors import ZeroKVError
 from zerokv.executorch.delegates import RUNTIME_KV, delegate_nodes, is_zerokv_delegate
-from zerokv.executorch.engines import aten_target, value_readers, write_backs, written_back
+from zerokv.executorch.engines import aten_target, readers_besides, value_readers, write_backs, written_back
 from zerokv.kvwrite import is_kv_write
 
 POSITIONS_DIM = 2
@@ -129,10 +129,11 @@ def mark_runtime_kv(program, runtime_kv: RuntimeKV, storage_keys, method: str):
                 raise RuntimeKVError(f"method '{method}': runtime KV cache '{name}' is never written")
             write = values[mutated[name]]
             cache = placeholders[name]
-            if not is_kv_write(write) or write.args[0] is not cache or value_readers(cache) != [write]:
+            if not is_kv_write(write) or write.args[0] is not cache or readers_besides(cache, write):
                 raise RuntimeKVError(
                     f"method '{method}': runtime KV cache '{name}' must be written once by a KV write "
-                    "(index_copy, index_put, slice_scatter) and read only through it")
+                    "(index_copy, index_put, slice_scatter) and read only through it or by a reader of the rows "
+                    "before the ones it writes")
             if layer.policy == "ring":
                 _check_ring_write(write, placeholders, user_inputs, layer, runtime_kv, name, method)
             extent = cache.meta["val"].shape[POSITIONS_DIM]

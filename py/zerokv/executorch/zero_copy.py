@@ -38,7 +38,7 @@ from zerokv import blob
 from zerokv.executorch import specs
 from zerokv.executorch.backend import ZeroCopyError
 from zerokv.executorch.delegates import ALIASED_BUFFER, delegate_nodes, is_zerokv_delegate, parsed_blob
-from zerokv.executorch.engines import value_readers
+from zerokv.executorch.engines import readers_besides
 from zerokv.kvwrite import is_kv_write
 
 _H2D = torch.ops.et_copy._h2d_copy.default
@@ -91,7 +91,7 @@ def _alias_decline(write, cache, engine, program) -> str | None:
         return "its new value is not a KV write (index_copy, index_put, slice_scatter) of the buffer"
     if not engine.supports(write):
         return f"the engine does not run {write.target}"
-    if value_readers(cache) != [write]:
+    if readers_besides(cache, write):
         return "the buffer's old value is read besides its write, which an in-place write would change"
     return engine.alias_decline(write, program)
 

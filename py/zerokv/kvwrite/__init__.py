@@ -21,6 +21,7 @@ from zerokv.kvwrite.analysis import (
     module_attribute_constants,
     op_overload,
 )
+from zerokv.kvwrite.readers import declare_reads_rows_before, unaffected_by
 
 __all__ = [
     "DEFAULT_SEQUENCE_DIM",
@@ -33,10 +34,12 @@ __all__ = [
     "WriteStart",
     "analyze_kv_write",
     "analyze_kv_writes",
+    "declare_reads_rows_before",
     "describe_kv_write",
     "describes_positions",
     "exported_program_constants",
     "is_kv_write",
     "module_attribute_constants",
     "op_overload",
+    "unaffected_by",
 ]
