@@ -74,7 +74,8 @@ def export(
 
     Args:
       programs: an ExportedProgram (the method "forward") or {method name: ExportedProgram}.
-      engine: "aoti" (AOTInductor) or "tensorrt".
+      engine: "aoti" (AOTInductor), "tensorrt", or "megakernel" (a transformers Llama model's decode
+        step as one persistent CUDA kernel, over runtime-owned caches: zerokv.megakernel.export).
       zero_copy_kv: write the caller's KV caches in place (no staging copy, no copy-back). Only
         mutations the engine can write in place are affected; the others (e.g. a conv state) keep
         ExecuTorch's copy-back. Buffers that every method overwrites before reading them (transformers'

@@ -37,7 +37,7 @@ class ZeroKVPartitioner(Partitioner):
     """Partitions one method for a zerokv engine.
 
     Args:
-      engine: "aoti" or "tensorrt".
+      engine: "aoti", "tensorrt" or "megakernel".
       device: the CUDA device the delegates run on, "cuda:N".
       method: the method's name, carried in the compile specs so that errors can name it.
       zero_copy_kv: whether the caller-owned caches this method writes in place are elided from the

@@ -4,7 +4,7 @@ from zerokv.errors import ZeroKVError
 
 # Read by ExecuTorch's PropagateDevicePass: b"cuda:N".
 TARGET_DEVICE = "target_device"
-# b"aoti" or b"tensorrt".
+# b"aoti", b"tensorrt" or b"megakernel".
 ENGINE = "zerokv.engine"
 # The method the delegate belongs to, for errors that name it.
 METHOD = "zerokv.method"
