@@ -25,7 +25,8 @@ import sys
 
 import torch
 
-sys.path.insert(0, os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..")))
+ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+sys.path[:0] = [ROOT, os.path.join(ROOT, "py")]  # the repository's modules and the zerokv package, without Bazel
 from cc.engines.megakernel import llama_decode_step as megakernel  # noqa: E402
 import decode_roofline_model as bench_model  # noqa: E402
 import decode_roofline_peers as peers  # noqa: E402

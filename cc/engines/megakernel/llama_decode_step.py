@@ -19,11 +19,10 @@ import subprocess
 import torch
 
 from tools.bench import static_cache
+from zerokv.megakernel.llama_step import LAYER_WEIGHTS, model_weights, unsupported_model
 
 BAD_POSITION = 1  # kBadPosition in llama_decode_step.h
 BAD_TOKEN = 2  # kBadToken
-# Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
-STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", "..", ".."))
@@ -66,10 +65,9 @@ class LlamaDecodeStep:
 
     def __init__(self, library, model, keys, values):
         config = model.config
-        rotary = model.model.rotary_emb
-        if rotary.rope_type not in STATIC_ROPE_TYPES:
-            raise ValueError(f"rope type {rotary.rope_type!r}: its frequencies change with the sequence; the step "
-                             f"takes them once ({', '.join(STATIC_ROPE_TYPES)})")
+        reason = unsupported_model(model)
+        if reason:
+            raise ValueError(f"model: {reason}")
         if len(keys) != config.num_hidden_layers or len(values) != config.num_hidden_layers:
             raise ValueError(f"{len(keys)} key and {len(values)} value caches for {config.num_hidden_layers} layers")
         bf16 = torch.bfloat16
@@ -86,34 +84,23 @@ class LlamaDecodeStep:
         workspace_bytes = library.zerokv_megakernel_workspace_bytes(self.shape, error, len(error))
         if workspace_bytes == 0:
             raise ValueError(error.value.decode())
-        self.keep = []  # the packed qkv matrices, alive as long as the step
+        weights = model_weights(model)
+        self.keep = weights  # the packed qkv matrices, alive as long as the step
         tensors = []
-        for index, layer in enumerate(model.model.layers):
-            attention, mlp = layer.self_attn, layer.mlp
-            for projection in (attention.q_proj, attention.k_proj, attention.v_proj, attention.o_proj,
-                               mlp.gate_proj, mlp.up_proj, mlp.down_proj):
-                if projection.bias is not None:
-                    raise ValueError(f"layers.{index}: a projection with a bias; the step has none")
-            qkv = torch.cat([attention.q_proj.weight, attention.k_proj.weight, attention.v_proj.weight]).contiguous()
-            self.keep.append(qkv)
-            tensors += [(f"layers.{index}.input_layernorm", layer.input_layernorm.weight, bf16),
-                        (f"layers.{index}.qkv", qkv, bf16),
-                        (f"layers.{index}.o_proj", attention.o_proj.weight, bf16),
-                        (f"layers.{index}.post_attention_layernorm", layer.post_attention_layernorm.weight, bf16),
-                        (f"layers.{index}.gate_proj", mlp.gate_proj.weight, bf16),
-                        (f"layers.{index}.up_proj", mlp.up_proj.weight, bf16),
-                        (f"layers.{index}.down_proj", mlp.down_proj.weight, bf16),
-                        (f"keys[{index}]", keys[index], bf16), (f"values[{index}]", values[index], bf16)]
-        self.inv_freq = rotary.inv_freq.float().contiguous()
-        self.attention_scaling = float(rotary.attention_scaling)
+        for index in range(config.num_hidden_layers):
+            tensors += [(name, tensor, bf16) for name, tensor in weights[index * len(LAYER_WEIGHTS):][:len(LAYER_WEIGHTS)]]
+            tensors += [(f"keys[{index}]", keys[index], bf16), (f"values[{index}]", values[index], bf16)]
+        named = dict(weights)
+        self.attention_scaling = float(model.model.rotary_emb.attention_scaling)
         device = keys[0].device
         self.token = torch.zeros((), dtype=torch.long, device=device)
         self.position = torch.zeros((), dtype=torch.long, device=device)
         self.logits = torch.zeros(config.vocab_size, dtype=bf16, device=device)
         self.workspace = torch.zeros(workspace_bytes, dtype=torch.uint8, device=device)
         self.step_error = torch.zeros(1, dtype=torch.int32, device=device)
-        tensors += [("embed_tokens", model.model.embed_tokens.weight, bf16), ("norm", model.model.norm.weight, bf16),
-                    ("lm_head", model.lm_head.weight, bf16), ("inv_freq", self.inv_freq, torch.float32),
+        # c_api.cc's order after the layers.
+        tensors += [("embedding", named["embedding"], bf16), ("final_norm", named["final_norm"], bf16),
+                    ("lm_head", named["lm_head"], bf16), ("inv_freq", named["inv_freq"], torch.float32),
                     ("token", self.token, torch.long), ("position", self.position, torch.long),
                     ("logits", self.logits, bf16), ("workspace", self.workspace, torch.uint8),
                     ("step_error", self.step_error, torch.int32)]

@@ -39,7 +39,7 @@ def test_refuses_a_rotary_embedding_that_changes_with_the_sequence(library):
 
 def test_refuses_projections_with_a_bias(library):
     model = _model(attention_bias=True)
-    with pytest.raises(ValueError, match="layers.0: a projection with a bias"):
+    with pytest.raises(ValueError, match="model: its projections have biases; the step has none"):
         megakernel.LlamaDecodeStep(library, model, *_caches(model))
 
 
@@ -55,12 +55,12 @@ def test_refuses_caches_that_are_not_one_per_layer_of_the_models_shape(library):
 
 def test_refuses_a_shape_the_kernel_cannot_run_saying_why(library):
     model = _model(intermediate_size=1000)
-    with pytest.raises(ValueError, match=r"unsupported shape: ffn is 1000, not a multiple of 512"):
+    with pytest.raises(ValueError, match=r"model: intermediate_size is 1000, not a multiple of 512"):
         megakernel.LlamaDecodeStep(library, model, *_caches(model))
 
 
 def test_refuses_tensors_off_the_gpu(library):
     model = _model()
-    with pytest.raises(ValueError, match="layers.0.input_layernorm: torch.bfloat16 on cpu, contiguous True; the step "
+    with pytest.raises(ValueError, match="layers.0.input_norm: torch.bfloat16 on cpu, contiguous True; the step "
                                          "needs a contiguous torch.bfloat16 CUDA tensor"):
         megakernel.LlamaDecodeStep(library, model, *_caches(model))
