@@ -7,20 +7,17 @@ import os
 
 import pytest
 import torch
-import transformers
 
 BACKEND = ctypes.CDLL(os.environ["ZEROKV_BACKEND_HOST_DEVICE_SO"], os.RTLD_GLOBAL)
 import zerokv.executorch as zx  # noqa: E402  (the backend must be registered first)
 from zerokv.megakernel.export import export_decode  # noqa: E402
+from zerokv.megakernel.testing import small_model  # noqa: E402
 
-SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU the engine loads: export_gpu_test decodes with it")
 def test_the_engine_takes_the_exported_blob_up_to_the_device(tmp_path, capfd):
-    torch.manual_seed(0)
-    model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).to(torch.bfloat16).eval()
+    model = small_model()
     program, runtime_kv = export_decode(model, max_capacity=64, initial_capacity=16)
     path = str(tmp_path / "decode.pte")
     zx.save(zx.export({"decode": program}, engine="megakernel", runtime_kv=runtime_kv), path)

@@ -3,7 +3,6 @@ caches' writes that zero-copy may and may not alias."""
 
 import pytest
 import torch
-import transformers
 
 import zerokv.executorch as zx
 from zerokv import blob
@@ -11,15 +10,13 @@ from zerokv.errors import ZeroKVError
 from zerokv.executorch.delegates import delegate_nodes, parsed_blob
 from zerokv.megakernel import export as megakernel_export
 from zerokv.megakernel.llama_step import LAYER_WEIGHTS, MODEL_WEIGHTS, LlamaDecodeStep
+from zerokv.megakernel.testing import small_model
 
-SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-             num_key_value_heads=2, head_dim=64, tie_word_embeddings=True)
 
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**SMALL)).to(torch.bfloat16).eval()
+    return small_model()
 
 
 def _blobs(manager):

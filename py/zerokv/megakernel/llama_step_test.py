@@ -6,14 +6,8 @@ import torch
 import transformers
 
 from zerokv.megakernel.llama_step import LlamaDecodeStep, LlamaStepError, model_weights, unsupported_model
+from zerokv.megakernel.testing import SMALL, small_model
 
-SMALL = dict(vocab_size=1000, hidden_size=512, intermediate_size=1024, num_hidden_layers=2, num_attention_heads=8,
-             num_key_value_heads=2, head_dim=64, rope_theta=500000.0, tie_word_embeddings=True)
-
-
-def _model(dtype=torch.bfloat16, **changes):
-    torch.manual_seed(0)
-    return transformers.LlamaForCausalLM(transformers.LlamaConfig(**dict(SMALL, **changes))).to(dtype).eval()
 
 
 def _caches(model, capacity):
@@ -30,7 +24,7 @@ def _step(model, caches, token, position):
 
 
 def test_the_op_is_transformers_decode_step_in_float32():
-    model = _model(torch.float32)
+    model = small_model(torch.float32)
     prompt = torch.tensor([[5, 17, 301, 42, 9]])
     with torch.no_grad():
         history = model(prompt, use_cache=True).past_key_values
@@ -47,7 +41,7 @@ def test_the_op_is_transformers_decode_step_in_float32():
 
 
 def test_the_step_decodes_as_transformers_in_bf16():
-    model = _model()
+    model = small_model()
     step = LlamaDecodeStep(model)
     caches = _caches(model, 32)
     history = transformers.DynamicCache(config=model.config)
@@ -74,16 +68,16 @@ def test_the_step_decodes_as_transformers_in_bf16():
 ])
 def test_refuses_a_llama_the_kernel_cannot_run_saying_why(changes, reason):
     with pytest.raises(LlamaStepError, match="model: .*" + reason.replace("(", r"\(")):
-        LlamaDecodeStep(_model(**changes))
+        LlamaDecodeStep(small_model(**changes))
 
 
 def test_refuses_other_models_and_dtypes():
     assert "not transformers' LlamaForCausalLM" in unsupported_model(transformers.MistralForCausalLM(
         transformers.MistralConfig(**SMALL)).to(torch.bfloat16))
-    assert "dtype is torch.float32" in unsupported_model(_model(torch.float32))
+    assert "dtype is torch.float32" in unsupported_model(small_model(torch.float32))
 
 
 def test_refuses_a_position_outside_the_caches():
-    model = _model()
+    model = small_model()
     with pytest.raises(LlamaStepError, match="cache_position 16 is outside the caches' 16 positions"):
         _step(model, _caches(model, 16), 3, 16)
