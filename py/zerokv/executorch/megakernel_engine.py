@@ -99,8 +99,8 @@ def build(program, aliased_inputs, device: str) -> EngineBuild:
                                f"caches, in that order: {expected}")
     not_in_place = [node.name for node in caches if node.name not in aliased_inputs]
     if not_in_place:
-        raise EngineBuildError(f"caches {not_in_place} are not runtime-owned: the kernel writes every cache where it "
-                               "lies, so declare them in runtime_kv (zerokv.megakernel.export.export_decode does)")
+        raise EngineBuildError(f"caches {not_in_place} are not written in place: the kernel writes every cache where "
+                               "it lies, so declare them in runtime_kv (zerokv.megakernel.export.export_decode does)")
     signature = program.graph_signature
     returned = program.graph.output_node().args[0]
     written = {}

@@ -60,7 +60,7 @@ def test_the_program_computes_the_step(model):
 
 def test_refuses_caller_owned_caches(model):
     program, _ = megakernel_export.export_decode(model, max_capacity=32)
-    with pytest.raises(ZeroKVError, match=r"caches \['caches_0', .*\] are not runtime-owned"):
+    with pytest.raises(ZeroKVError, match=r"caches \['caches_0', .*\] are not written in place: .* declare them in runtime_kv"):
         zx.export({"decode": program}, engine="megakernel")
 
 
