@@ -22,11 +22,17 @@ def cache_input_names(layers: int) -> list[str]:
     return [f"caches_{index}" for index in range(2 * layers)]
 
 
-def export_decode(model, max_capacity: int, initial_capacity: int = 256):
+DEFAULT_INITIAL_CAPACITY = 256
+
+
+def export_decode(model, max_capacity: int, initial_capacity: int | None = None):
     """(the decode step's ExportedProgram, its RuntimeKV): one token at a time over caches that
-    start at `initial_capacity` positions and grow by doubling to `max_capacity`."""
+    start at `initial_capacity` positions (by default DEFAULT_INITIAL_CAPACITY, or max_capacity
+    when that is less) and grow by doubling to `max_capacity`."""
     if not isinstance(max_capacity, int) or max_capacity < 2:
         raise LlamaStepError(f"max_capacity: {max_capacity!r}; expected at least 2 positions")
+    if initial_capacity is None:
+        initial_capacity = min(DEFAULT_INITIAL_CAPACITY, max_capacity)
     step = LlamaDecodeStep(model).eval()
     config = model.config
     caches = tuple(torch.zeros(1, config.num_key_value_heads, max_capacity, config.head_dim, dtype=torch.bfloat16,
@@ -40,6 +46,6 @@ def export_decode(model, max_capacity: int, initial_capacity: int = 256):
             strict=False)
     names = cache_input_names(config.num_hidden_layers)
     layers = tuple(zx.KVCacheLayer(names[2 * layer], names[2 * layer + 1], max_capacity=max_capacity,
-                                   initial_capacity=min(initial_capacity, max_capacity))
+                                   initial_capacity=initial_capacity)
                    for layer in range(config.num_hidden_layers))
     return program, zx.RuntimeKV(layers=layers, step_width=("input_ids", 1), positions="cache_position")

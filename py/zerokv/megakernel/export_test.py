@@ -83,3 +83,8 @@ def test_a_write_the_step_may_read_is_not_aliased(model, engine, monkeypatch):
     options = {"engine_options": {"compile_device": "cpu"}} if engine == "aoti" else {}
     with pytest.raises(ZeroKVError, match="runtime KV cache 'caches_0' must be written once by a KV write"):
         zx.export({"decode": program}, engine=engine, runtime_kv=runtime_kv, **options)
+
+
+def test_refuses_an_initial_capacity_past_the_maximum(model):
+    with pytest.raises(ZeroKVError, match=r"initial_capacity \(64\) <= max_capacity \(32\)"):
+        megakernel_export.export_decode(model, max_capacity=32, initial_capacity=64)

@@ -77,11 +77,14 @@ def _reference_step(input_ids, cache_position, caches, weights, rms_eps, rope_at
     position = int(cache_position.reshape(-1)[0])
     if not 0 <= position < capacity:
         raise LlamaStepError(f"cache_position {position} is outside the caches' {capacity} positions")
+    token = int(input_ids.reshape(-1)[0])
+    if not 0 <= token < embedding.shape[0]:
+        raise LlamaStepError(f"input_ids {token} is outside the vocabulary of {embedding.shape[0]} tokens")
     freqs = inv_freq.float() * position
     angles = torch.cat((freqs, freqs))
     cos = (angles.cos() * rope_attention_scaling).to(dtype)
     sin = (angles.sin() * rope_attention_scaling).to(dtype)
-    x = embedding[input_ids.reshape(-1)]
+    x = embedding[token][None]
     rows = []
     for layer in range(layers):
         input_norm, qkv, o, post_norm, gate, up, down = weights[len(LAYER_WEIGHTS) * layer:][:len(LAYER_WEIGHTS)]

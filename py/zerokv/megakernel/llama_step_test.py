@@ -81,3 +81,9 @@ def test_refuses_a_position_outside_the_caches():
     model = small_model()
     with pytest.raises(LlamaStepError, match="cache_position 16 is outside the caches' 16 positions"):
         _step(model, _caches(model, 16), 3, 16)
+
+
+def test_refuses_a_token_outside_the_vocabulary():
+    model = small_model()
+    with pytest.raises(LlamaStepError, match="input_ids 1000 is outside the vocabulary of 1000 tokens"):
+        _step(model, _caches(model, 16), 1000, 3)
