@@ -22,16 +22,13 @@ constexpr int kConsumerWarps = 16;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kProducerWarp = kConsumerWarps;
-// A consumer warp's share of a full tile: one row segment, so each warp's dot product has one row.
-constexpr int kSegment = kTileElems / kConsumerWarps;
+static_assert(kSegment == kTileElems / kConsumerWarps, "a consumer warp's share of a full tile is one row segment");
 #ifndef ZEROKV_MEGAKERNEL_RING
 #define ZEROKV_MEGAKERNEL_RING 6
 #endif
 // 96 KiB in flight per SM: the ~35 KiB that keeps an SM's share of HBM busy, about three times over.
 // Measured on the H100 (megakernel_profile.py), 6 was as fast as 10 or a little faster, and 4 close.
 constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
-constexpr int kHeadDim = 64;
-constexpr int kGroup = 4;       // query heads per KV head: the attention stage's thread mapping
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most

@@ -38,7 +38,12 @@
 
 namespace zerokv::engines::megakernel {
 
+// The shapes the kernel takes (UnsupportedShape says why one is not): zerokv.megakernel.llama_step
+// refuses the same models at export, and its limits test holds these numbers and its own equal.
 inline constexpr int kMaxLayers = 32;  // the kernel parameters stay under 4 KiB
+inline constexpr int kHeadDim = 64;    // the attention stage's thread mapping
+inline constexpr int kGroup = 4;       // query heads per KV head: the same mapping
+inline constexpr int kSegment = 512;   // a consumer warp's row segment: the products' widths are multiples
 
 struct LlamaShape {
   int layers = 0;

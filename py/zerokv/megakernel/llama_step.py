@@ -25,10 +25,11 @@ from zerokv.kvwrite import declare_reads_rows_before
 
 LAYER_WEIGHTS = ("input_norm", "qkv", "o", "post_norm", "gate", "up", "down")
 MODEL_WEIGHTS = ("embedding", "lm_head", "final_norm", "inv_freq")
-# What the kernel's thread mapping fixes (cc/engines/megakernel/llama_decode_step.cu).
+# The shapes the kernel takes: kHeadDim, kGroup, kMaxLayers and kSegment in
+# cc/engines/megakernel/llama_decode_step.h, which export must not need (limits_test holds them equal).
 HEAD_DIM = 64
 QUERY_HEADS_PER_KV_HEAD = 4
-MAX_LAYERS = 32  # kMaxLayers in llama_decode_step.h
+MAX_LAYERS = 32
 SEGMENT = 512  # a consumer warp's row segment: the widths of the products must be multiples of it
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
