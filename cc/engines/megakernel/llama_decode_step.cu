@@ -746,9 +746,10 @@ std::string UnsupportedShape(const LlamaShape& s) {
   if (s.layers < 1 || s.layers > kMaxLayers) {
     return "layers is " + std::to_string(s.layers) + ", not in [1, " + std::to_string(kMaxLayers) + "]";
   }
-  if (s.head_dim != kHeadDim) return "head_dim is " + std::to_string(s.head_dim) + ", not 64";
+  if (s.head_dim != kHeadDim) return "head_dim is " + std::to_string(s.head_dim) + ", not " + std::to_string(kHeadDim);
   if (s.kv_heads < 1 || s.heads != kGroup * s.kv_heads) {
-    return "heads (" + std::to_string(s.heads) + ") is not 4 x kv_heads (" + std::to_string(s.kv_heads) + ")";
+    return "heads (" + std::to_string(s.heads) + ") is not " + std::to_string(kGroup) + " x kv_heads (" +
+           std::to_string(s.kv_heads) + ")";
   }
   for (const auto& [name, k] : {std::pair{"hidden", s.hidden}, std::pair{"ffn", s.ffn},
                                 std::pair{"heads x head_dim", s.heads * s.head_dim}}) {
