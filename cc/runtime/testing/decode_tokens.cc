@@ -5,8 +5,9 @@
 //   decode_tokens PTE PTD METHOD TOKENS LOGITS
 //
 // TOKENS holds int64 tokens; step i feeds tokens[i] at position i (input 1, which a program over
-// runtime-owned caches ignores). LOGITS receives every step's first output as float32, one step
-// after another. Exits 1 with a message naming what failed.
+// runtime-owned caches ignores). LOGITS receives every step's BF16 logits as float32, one step after
+// another; nothing is written before TOKENS and the method are read. Exits 1 with a message naming
+// what failed.
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -42,25 +43,14 @@ std::vector<int64_t> ReadTokens(const std::string& path) {
   return tokens;
 }
 
-// The tensor's values as float32, or a failure naming its dtype.
-std::vector<float> AsFloat(const executorch::aten::Tensor& tensor) {
-  std::vector<float> values(tensor.numel());
-  switch (tensor.scalar_type()) {
-    case ScalarType::BFloat16: {
-      const auto* data = tensor.const_data_ptr<executorch::aten::BFloat16>();
-      for (size_t i = 0; i < values.size(); ++i) values[i] = static_cast<float>(data[i]);
-      break;
-    }
-    case ScalarType::Float: {
-      const auto* data = tensor.const_data_ptr<float>();
-      values.assign(data, data + values.size());
-      break;
-    }
-    default:
-      Fail("the first output's dtype is " + std::to_string(static_cast<int>(tensor.scalar_type())) +
-           ", neither bfloat16 nor float32");
+// The logits as float32, or a failure naming their dtype.
+std::vector<float> AsFloat(const executorch::aten::Tensor& logits) {
+  if (logits.scalar_type() != ScalarType::BFloat16) {
+    Fail("the first output's dtype is " + std::to_string(static_cast<int>(logits.scalar_type())) +
+         ", not bfloat16 (a Llama step's logits)");
   }
-  return values;
+  const auto* data = logits.const_data_ptr<executorch::aten::BFloat16>();
+  return std::vector<float>(data, data + logits.numel());
 }
 
 }  // namespace
@@ -72,9 +62,9 @@ int main(int argc, char** argv) {
   if (const auto loaded = module.load_method(method); loaded != executorch::runtime::Error::Ok) {
     Fail("cannot load method " + method + " of " + argv[1] + ": error " + std::to_string(static_cast<int>(loaded)));
   }
+  const std::vector<int64_t> tokens = ReadTokens(argv[4]);
   std::ofstream out(argv[5], std::ios::binary);
   if (!out) Fail(std::string("cannot write ") + argv[5]);
-  const std::vector<int64_t> tokens = ReadTokens(argv[4]);
   for (size_t position = 0; position < tokens.size(); ++position) {
     auto outputs = module.execute(method, {make_tensor_ptr({1, 1}, std::vector<int64_t>{tokens[position]}),
                                            make_tensor_ptr({1}, std::vector<int64_t>{static_cast<int64_t>(position)})});
