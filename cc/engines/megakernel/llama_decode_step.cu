@@ -23,6 +23,7 @@ constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kProducerWarp = kConsumerWarps;
 static_assert(kSegment == kTileElems / kConsumerWarps, "a consumer warp's share of a full tile is one row segment");
+static_assert(kMaxWidth == kTileElems, "a product's row fits a tile");
 #ifndef ZEROKV_MEGAKERNEL_RING
 #define ZEROKV_MEGAKERNEL_RING 6
 #endif
@@ -48,6 +49,15 @@ __host__ __device__ inline size_t Span(int rows, int columns) { return static_ca
 
 __host__ __device__ inline size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 __host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
+
+// The segments in a tile of a `k`-wide product: whole rows, as many as fit. Warp w then reads the
+// same columns (segment w modulo the row's) of every tile, so the product's input is read from
+// shared memory once a slice, into registers, rather than once a tile; the tile is the only shared
+// memory a tile's products read, which on an H200 is what holds the stream's rate.
+__host__ __device__ inline int TileSegments(int k) {
+  const int row = k / kSegment;
+  return kConsumerWarps / row * row;
+}
 
 __host__ __device__ inline int QkvRows(const LlamaShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
@@ -192,9 +202,11 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, uint64_t policy) {
-  for (size_t at = 0; at < elems; at += kTileElems) {
-    const uint32_t n = static_cast<uint32_t>(Min<size_t>(kTileElems, elems - at));
+// Copies a `k`-wide slice of `elems` elements in tiles of TileSegments(k) segments.
+__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, int k, uint64_t policy) {
+  const size_t tile_elems = Span(TileSegments(k), kSegment);
+  for (size_t at = 0; at < elems; at += tile_elems) {
+    const uint32_t n = static_cast<uint32_t>(Min(tile_elems, elems - at));
     WaitParity(ring.empty_bar(), ring.parity() ^ 1);
     ArriveExpectBytes(ring.full_bar(), n * 2);
     BulkCopy(ring.tile(), base + at, n * 2, ring.full_bar(), policy);
@@ -225,24 +237,18 @@ __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
   for (int l = 0; l < s.layers; ++l) {
     const LlamaLayer& layer = a.layer[l];
     Rows r = RowsOf(QkvRows(s), l, 0);
-    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden),
-                 Span(r.end - r.begin, s.hidden), policy);
+    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
     ProduceAttention(ring, s, layer, item);
     r = RowsOf(s.hidden, l, 2);
-    ProduceSlice(ring, layer.o + Span(r.begin, attn_width),
-                 Span(r.end - r.begin, attn_width), policy);
+    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), Span(r.end - r.begin, attn_width), attn_width, policy);
     r = RowsOf(s.ffn, l, 3);
-    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden),
-                 Span(r.end - r.begin, s.hidden), policy);
-    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden),
-                 Span(r.end - r.begin, s.hidden), policy);
+    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
+    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
     r = RowsOf(s.hidden, l, 4);
-    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn),
-                 Span(r.end - r.begin, s.ffn), policy);
+    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), Span(r.end - r.begin, s.ffn), s.ffn, policy);
   }
   const Rows r = RowsOf(s.vocab, s.layers, 0);
-  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden),
-               Span(r.end - r.begin, s.hidden), policy);
+  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
 }
 
 
@@ -338,24 +344,35 @@ __device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
   return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
 }
 
-// acc[row] += slice[row, :] . input, over a `k`-column slice of `elems` elements arriving as tiles.
+// acc[row] += slice[row, :] . input, over a `k`-wide slice of `elems` elements arriving as tiles of
+// TileSegments(k) segments.
 __device__ void ConsumeSlice(Ring& ring, size_t elems, int k, const float* input, float* acc) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  for (size_t at = 0; at < elems; at += kTileElems) {
-    const size_t n = Min<size_t>(kTileElems, elems - at);
+  const int row_segments = k / kSegment, segments = TileSegments(k);
+  const size_t tile_elems = Span(segments, kSegment);
+  constexpr int kVectors = kSegment / 8 / 32;  // a lane's 8-element vectors of a segment
+  float4 x[2 * kVectors];
+#pragma unroll
+  for (int j = 0; j < kVectors; ++j) {
+    const float4* in = reinterpret_cast<const float4*>(input + warp % row_segments * kSegment + (j * 32 + lane) * 8);
+    x[2 * j] = in[0];
+    x[2 * j + 1] = in[1];
+  }
+  int row = warp / row_segments;
+  for (size_t at = 0; at < elems; at += tile_elems, row += segments / row_segments) {
+    const size_t n = Min(tile_elems, elems - at);
     WaitParity(ring.full_bar(), ring.parity());
-    const size_t segment = Span(warp, kSegment);
-    if (segment < n) {
-      const size_t e = at + segment;
-      const int row = static_cast<int>(e / k), col = static_cast<int>(e % k);
+    if (warp < segments && Span(warp, kSegment) < n) {
       const uint4* w = reinterpret_cast<const uint4*>(ring.tile()) + warp * (kSegment / 8);
+      uint4 weights[kVectors];
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) weights[j] = w[j * 32 + lane];
+      float dots[kVectors];  // independent chains: the vectors' loads and products overlap
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) dots[j] = Dot8(weights[j], x[2 * j], x[2 * j + 1]);
       float sum = 0.f;
 #pragma unroll
-      for (int j = 0; j < kSegment / 8 / 32; ++j) {
-        const int v = j * 32 + lane;
-        const float4* x = reinterpret_cast<const float4*>(input + col + v * 8);
-        sum += Dot8(w[v], x[0], x[1]);
-      }
+      for (int j = 0; j < kVectors; ++j) sum += dots[j];
       sum = WarpSum(sum);
       if (lane == 0) atomicAdd(&acc[row], sum);
     }
@@ -757,6 +774,7 @@ std::string UnsupportedShape(const LlamaShape& s) {
       return std::string(name) + " is " + std::to_string(k) + ", not a multiple of " + std::to_string(kSegment) +
              " (a consumer warp's row segment)";
     }
+    if (k > kMaxWidth) return std::string(name) + " is " + std::to_string(k) + ", wider than " + std::to_string(kMaxWidth) + " (a tile)";
   }
   if (s.vocab < 1) return "vocab is " + std::to_string(s.vocab);
   if (s.capacity < 1) return "capacity is " + std::to_string(s.capacity);

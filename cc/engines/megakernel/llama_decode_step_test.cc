@@ -38,6 +38,7 @@ TEST(UnsupportedShapeTest, NamesTheFieldAtFault) {
       {[](LlamaShape& s) { s.heads = 24; }, "heads (24) is not 4 x kv_heads (8)"},
       {[](LlamaShape& s) { s.hidden = 2000; }, "hidden is 2000, not a multiple of 512 (a consumer warp's row segment)"},
       {[](LlamaShape& s) { s.ffn = 5000; }, "ffn is 5000, not a multiple of 512 (a consumer warp's row segment)"},
+      {[](LlamaShape& s) { s.ffn = 8704; }, "ffn is 8704, wider than 8192 (a tile)"},
       {[](LlamaShape& s) { s.heads = 4; s.kv_heads = 1; },
        "heads x head_dim is 256, not a multiple of 512 (a consumer warp's row segment)"},
       {[](LlamaShape& s) { s.vocab = 0; }, "vocab is 0"},

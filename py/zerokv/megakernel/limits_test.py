@@ -9,7 +9,8 @@ from zerokv.megakernel import llama_step
 
 HEADER = os.environ["ZEROKV_MEGAKERNEL_HEADER"]
 LIMITS = {"kHeadDim": llama_step.HEAD_DIM, "kGroup": llama_step.QUERY_HEADS_PER_KV_HEAD,
-          "kMaxLayers": llama_step.MAX_LAYERS, "kSegment": llama_step.SEGMENT}
+          "kMaxLayers": llama_step.MAX_LAYERS, "kSegment": llama_step.SEGMENT,
+          "kMaxWidth": llama_step.MAX_WIDTH}
 
 
 def header_constants() -> dict[str, int]:

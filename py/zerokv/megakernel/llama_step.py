@@ -25,12 +25,13 @@ from zerokv.kvwrite import declare_reads_rows_before
 
 LAYER_WEIGHTS = ("input_norm", "qkv", "o", "post_norm", "gate", "up", "down")
 MODEL_WEIGHTS = ("embedding", "lm_head", "final_norm", "inv_freq")
-# The shapes the kernel takes: kHeadDim, kGroup, kMaxLayers and kSegment in
+# The shapes the kernel takes: kHeadDim, kGroup, kMaxLayers, kSegment and kMaxWidth in
 # cc/engines/megakernel/llama_decode_step.h, which export must not need (limits_test holds them equal).
 HEAD_DIM = 64
 QUERY_HEADS_PER_KV_HEAD = 4
 MAX_LAYERS = 32
 SEGMENT = 512  # a consumer warp's row segment: the widths of the products must be multiples of it
+MAX_WIDTH = 8192  # a tile: the widths of the products must be at most it
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 MODEL_CLASSES = ("LlamaForCausalLM",)
@@ -140,6 +141,8 @@ def unsupported_model(model) -> str | None:
                         ("num_attention_heads x head_dim", config.num_attention_heads * config.head_dim)):
         if width % SEGMENT:
             return f"{what} is {width}, not a multiple of {SEGMENT} (a consumer warp's row segment)"
+        if width > MAX_WIDTH:
+            return f"{what} is {width}, wider than {MAX_WIDTH} (a tile)"
     return None
 
 

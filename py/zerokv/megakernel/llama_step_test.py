@@ -64,6 +64,7 @@ def test_the_step_decodes_as_transformers_in_bf16():
     (dict(attention_bias=True), "biases"),
     (dict(hidden_act="gelu"), "hidden_act is 'gelu'"),
     (dict(intermediate_size=1000), "intermediate_size is 1000, not a multiple of 512"),
+    (dict(intermediate_size=8704), "intermediate_size is 8704, wider than 8192"),
     (dict(rope_scaling={"rope_type": "dynamic", "factor": 2.0}), "rope type 'dynamic'"),
 ])
 def test_refuses_a_llama_the_kernel_cannot_run_saying_why(changes, reason):
