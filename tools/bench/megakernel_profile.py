@@ -12,7 +12,10 @@ each position over the Llama-3.2-1B-shaped model of the bench:
   split_tiles<N> attention split at N tiles a work item at least (ZEROKV_MEGAKERNEL_SPLIT_TILES);
   no_grid_sync   the grid barriers taken out (wrong results): what the tile stream alone costs;
   trace          every CTA's global time at each barrier's arrival and departure, summarized per
-                 stage: the work between barriers, the wait in them, and how far apart CTAs arrive.
+                 stage: the work between barriers, the wait in them, and how far apart CTAs arrive;
+                 and the share of a stage's cycles its first consumer thread waited for tiles
+                 (starved: the stream is behind) and its producer waited for free slots (blocked:
+                 the consumers are behind).
 """
 
 from __future__ import annotations
@@ -38,16 +41,27 @@ VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["Z
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 
 
-def summarize_trace(lib, layers, position):
-    barriers = 5 * 32
-    trace = (ctypes.c_uint64 * (256 * barriers * 2))()
+TRACE_BARRIERS = 5 * 32  # kTraceBarriers
+TRACE_FIELDS = 6  # TraceField: arrival and departure (ns, clock), starved and blocked cycles
+
+
+def read_trace(lib):
+    """The kernel's trace as [256, barriers, fields], and its cursor reset for the next launch."""
+    trace = (ctypes.c_uint64 * (256 * TRACE_BARRIERS * TRACE_FIELDS))()
     counts = (ctypes.c_int * 256)()
     lib.zerokv_megakernel_trace.restype = ctypes.c_int
     if lib.zerokv_megakernel_trace(trace, counts) != 0:
         raise RuntimeError("reading the trace failed")
+    return torch.tensor(list(trace), dtype=torch.float64).view(256, TRACE_BARRIERS, TRACE_FIELDS)
+
+
+def summarize_trace(lib, layers, position):
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
-    t = torch.tensor(list(trace), dtype=torch.float64).view(256, barriers, 2)[:ctas, :layers * 5] / 1e3  # us
+    fields = read_trace(lib)[:ctas, :layers * 5]
+    t = fields[..., :2] / 1e3  # us
     arrive, leave = t[..., 0], t[..., 1]
+    arrive_clock, leave_clock, starved, blocked = fields[..., 2], fields[..., 3], fields[..., 4], fields[..., 5]
+    cycles = (arrive_clock[:, 1:] - leave_clock[:, :-1]).clamp(min=1)  # the stage after barrier b-1, per CTA
     work = arrive[:, 1:] - leave[:, :-1]  # the stage after barrier b-1, per CTA
     wait = leave - arrive
     spread = arrive.max(0).values - arrive.min(0).values
@@ -57,9 +71,11 @@ def summarize_trace(lib, layers, position):
         # stage k runs between barrier (5l + k - 1) and (5l + k): work index 5l + k - 1
         idx = [5 * l + k - 1 for l in range(layers) if 5 * l + k - 1 >= 0]
         w = work[:, idx]
+        ends = [i + 1 for i in idx]  # the barriers that end the stage
         print(f"  {stage:9s}: work mean {w.mean().item():6.2f} us, slowest CTA {w.max(0).values.mean().item():6.2f} us; "
-              f"barrier wait mean {wait[:, [i + 1 for i in idx]].mean().item():6.2f} us; arrival spread "
-              f"{spread[[i + 1 for i in idx]].mean().item():6.2f} us (per layer)", flush=True)
+              f"barrier wait mean {wait[:, ends].mean().item():6.2f} us; arrival spread "
+              f"{spread[ends].mean().item():6.2f} us (per layer); starved {(starved[:, ends] / cycles[:, idx]).mean().item():.0%}, "
+              f"blocked {(blocked[:, ends] / cycles[:, idx]).mean().item():.0%}", flush=True)
 
 
 def main():
@@ -97,8 +113,7 @@ def main():
         for position in positions:
             step.position.fill_(position)
             if name.startswith("trace"):
-                lib.zerokv_megakernel_trace(ctypes.byref((ctypes.c_uint64 * (256 * 320))()),
-                                            ctypes.byref((ctypes.c_int * 256)()))  # resets the cursor
+                read_trace(lib)  # resets the cursor
                 step.launch()
                 torch.cuda.synchronize()
                 print(name, end=" ")

@@ -50,14 +50,10 @@ __host__ __device__ inline size_t Span(int rows, int columns) { return static_ca
 __host__ __device__ inline size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 __host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
 
-// The segments in a tile of a `k`-wide product: whole rows, as many as fit. Warp w then reads the
-// same columns (segment w modulo the row's) of every tile, so the product's input is read from
-// shared memory once a slice, into registers, rather than once a tile; the tile is the only shared
-// memory a tile's products read, which on an H200 is what holds the stream's rate.
-__host__ __device__ inline int TileSegments(int k) {
-  const int row = k / kSegment;
-  return kConsumerWarps / row * row;
-}
+// The rows in a tile of a `k`-wide product: whole rows, as many as fit. Warp w then reads the same
+// columns (segment w modulo the row's) of every tile, so the product's input is read from shared
+// memory once a slice, into registers, rather than once a tile.
+__host__ __device__ inline int RowsPerTile(int k) { return kConsumerWarps / (k / kSegment); }
 
 __host__ __device__ inline int QkvRows(const LlamaShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
@@ -82,12 +78,14 @@ __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
   return w;
 }
 
-// Rows per CTA, at most, over every stage: the size of the accumulator in shared memory.
-__host__ __device__ inline int MaxRowsPerCta(const LlamaShape& s, int ctas) {
-  int rows = CeilDiv(QkvRows(s), ctas);
-  rows = Max(rows, CeilDiv(s.hidden, ctas));
-  rows = Max(rows, 2 * CeilDiv(s.ffn, ctas));
-  return Max(rows, CeilDiv(s.vocab, ctas));
+// A stage's dot products in shared memory, at most, over every stage: a row's per segment.
+__host__ __device__ inline int MaxDotsPerCta(const LlamaShape& s, int ctas) {
+  const int hidden = s.hidden / kSegment, attn = s.heads * s.head_dim / kSegment, ffn = s.ffn / kSegment;
+  int dots = hidden * CeilDiv(QkvRows(s), ctas);
+  dots = Max(dots, attn * CeilDiv(s.hidden, ctas));
+  dots = Max(dots, 2 * hidden * CeilDiv(s.ffn, ctas));
+  dots = Max(dots, ffn * CeilDiv(s.hidden, ctas));
+  return Max(dots, hidden * CeilDiv(s.vocab, ctas));
 }
 
 __host__ __device__ inline int MaxInput(const LlamaShape& s) {
@@ -95,7 +93,7 @@ __host__ __device__ inline int MaxInput(const LlamaShape& s) {
 }
 
 struct Shared {
-  size_t full, empty, input, acc, residual, q, cos_sin, stats, new_kv, reduce, bytes;
+  size_t full, empty, input, dots, residual, q, cos_sin, stats, new_kv, reduce, bytes;
 };
 
 __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
@@ -105,7 +103,7 @@ __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
   m.full = take(sizeof(uint64_t) * kRing);
   m.empty = take(sizeof(uint64_t) * kRing);
   m.input = take(sizeof(float) * Max(MaxInput(s), kConsumerWarps * kGroup * kHeadDim));
-  m.acc = take(sizeof(float) * MaxRowsPerCta(s, ctas));
+  m.dots = take(sizeof(float) * MaxDotsPerCta(s, ctas));
   m.residual = take(sizeof(float) * CeilDiv(s.hidden, ctas));
   m.q = take(sizeof(float) * kGroup * kHeadDim);
   m.cos_sin = take(sizeof(float) * kHeadDim);
@@ -190,6 +188,41 @@ __device__ inline void BulkCopy(void* dst, const void* src, uint32_t bytes, uint
                : "memory");
 }
 
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+// Diagnostics (megakernel_profile.py builds with it), per CTA and barrier: the global time and the
+// SM's clock at the barrier's arrival and departure; the cycles the first consumer thread waited for
+// tiles in the stage before it (the stream behind the consumers); the cycles the producer waited
+// for a free slot while it copied that stage's tiles (the consumers behind the stream).
+constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
+enum TraceField { kArriveNs, kLeaveNs, kArriveClock, kLeaveClock, kStarved, kBlocked, kTraceFields };
+__device__ uint64_t g_trace[256][kTraceBarriers][kTraceFields];
+__device__ int g_trace_at[256];
+__device__ uint64_t g_waited[256][2];  // cycles since the last record: consumer thread 0's, the producer's
+__device__ inline uint64_t GlobalTime() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+__device__ inline uint64_t TakeWaited(int who) {
+  const uint64_t cycles = g_waited[blockIdx.x][who];
+  g_waited[blockIdx.x][who] = 0;
+  return cycles;
+}
+#endif
+
+// A wait on a slot of the ring (timed under the trace).
+__device__ inline void WaitSlot(uint64_t* bar, uint32_t parity) {
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+  const uint64_t began = clock64();
+  WaitParity(bar, parity);
+  if (threadIdx.x == 0 || threadIdx.x == kConsumerThreads) {
+    g_waited[blockIdx.x][threadIdx.x == 0 ? 0 : 1] += clock64() - began;
+  }
+#else
+  WaitParity(bar, parity);
+#endif
+}
+
 struct Ring {
   unsigned char* tiles;
   uint64_t* full;
@@ -202,14 +235,14 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-// Copies a `k`-wide slice of `elems` elements in tiles of TileSegments(k) segments.
-__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, size_t elems, int k, uint64_t policy) {
-  const size_t tile_elems = Span(TileSegments(k), kSegment);
-  for (size_t at = 0; at < elems; at += tile_elems) {
-    const uint32_t n = static_cast<uint32_t>(Min(tile_elems, elems - at));
-    WaitParity(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), n * 2);
-    BulkCopy(ring.tile(), base + at, n * 2, ring.full_bar(), policy);
+// Copies `rows` rows of a `k`-wide product from `base`, RowsPerTile(k) to a tile.
+__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, int rows, int k, uint64_t policy) {
+  const int rows_per_tile = RowsPerTile(k);
+  for (int row = 0; row < rows; row += rows_per_tile) {
+    const uint32_t bytes = static_cast<uint32_t>(Min(rows_per_tile, rows - row) * k * 2);
+    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
+    ArriveExpectBytes(ring.full_bar(), bytes);
+    BulkCopy(ring.tile(), base + Span(row, k), bytes, ring.full_bar(), policy);
     ++ring.count;
   }
 }
@@ -221,12 +254,21 @@ __device__ inline void ProduceAttention(Ring& ring, const LlamaShape& s, const L
   for (int p = item.begin; p < item.end; p += kAttnTile) {
     const uint32_t n = Min(kAttnTile, item.end - p);
     const uint32_t bytes = n * kHeadDim * 2;
-    WaitParity(ring.empty_bar(), ring.parity() ^ 1);
+    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
     ArriveExpectBytes(ring.full_bar(), 2 * bytes);
     BulkCopy(ring.tile(), layer.k_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
     BulkCopy(ring.tile() + kValueOffset, layer.v_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
     ++ring.count;
   }
+}
+
+// Under the trace, the cycles the producer waited for free slots while copying stage `stage` of
+// layer `layer`.
+__device__ inline void TraceProduced(int layer, int stage) {
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+  const int at = layer * kStagesPerLayer + stage;
+  if (at < kTraceBarriers) g_trace[blockIdx.x][at][kBlocked] = TakeWaited(1);
+#endif
 }
 
 __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
@@ -237,18 +279,23 @@ __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
   for (int l = 0; l < s.layers; ++l) {
     const LlamaLayer& layer = a.layer[l];
     Rows r = RowsOf(QkvRows(s), l, 0);
-    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
+    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    TraceProduced(l, 0);
     ProduceAttention(ring, s, layer, item);
+    TraceProduced(l, 1);
     r = RowsOf(s.hidden, l, 2);
-    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), Span(r.end - r.begin, attn_width), attn_width, policy);
+    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), r.end - r.begin, attn_width, policy);
+    TraceProduced(l, 2);
     r = RowsOf(s.ffn, l, 3);
-    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
-    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
+    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    TraceProduced(l, 3);
     r = RowsOf(s.hidden, l, 4);
-    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), Span(r.end - r.begin, s.ffn), s.ffn, policy);
+    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), r.end - r.begin, s.ffn, policy);
+    TraceProduced(l, 4);
   }
   const Rows r = RowsOf(s.vocab, s.layers, 0);
-  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), Span(r.end - r.begin, s.hidden), s.hidden, policy);
+  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
 }
 
 
@@ -278,19 +325,6 @@ __device__ inline void AddRelease(uint64_t* p, uint64_t v) {
   asm volatile("red.release.gpu.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
 }
 
-#ifdef ZEROKV_MEGAKERNEL_TRACE
-// Diagnostics (megakernel_profile.py builds with it): each CTA's global time at every barrier's
-// arrival and departure.
-constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
-__device__ uint64_t g_trace[256][kTraceBarriers][2];
-__device__ int g_trace_at[256];
-__device__ inline uint64_t GlobalTime() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
-}
-#endif
-
 // The grid barrier: every CTA's consumers reach it before any passes. `arrivals` only grows, by one
 // per CTA at each barrier, so that nothing resets it. Every step passes the same number of
 // barriers, so the count when a CTA starts, rounded down to a whole step's arrivals, is where the
@@ -310,7 +344,12 @@ class GridBarrier {
     ConsumerSync();
 #ifdef ZEROKV_MEGAKERNEL_TRACE
     const int at = g_trace_at[blockIdx.x];
-    if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][0] = GlobalTime();
+    if (threadIdx.x == 0 && at < kTraceBarriers) {
+      uint64_t* record = g_trace[blockIdx.x][at];
+      record[kArriveNs] = GlobalTime();
+      record[kArriveClock] = clock64();
+      record[kStarved] = TakeWaited(0);
+    }
 #endif
 #ifdef ZEROKV_MEGAKERNEL_NO_GRID_SYNC
     if (false) {
@@ -325,7 +364,8 @@ class GridBarrier {
     ConsumerSync();
 #ifdef ZEROKV_MEGAKERNEL_TRACE
     if (threadIdx.x == 0 && at < kTraceBarriers) {
-      g_trace[blockIdx.x][at][1] = GlobalTime();
+      g_trace[blockIdx.x][at][kLeaveNs] = GlobalTime();
+      g_trace[blockIdx.x][at][kLeaveClock] = clock64();
       g_trace_at[blockIdx.x] = at + 1;
     }
 #endif
@@ -344,46 +384,55 @@ __device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
   return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
 }
 
-// acc[row] += slice[row, :] . input, over a `k`-wide slice of `elems` elements arriving as tiles of
-// TileSegments(k) segments.
-__device__ void ConsumeSlice(Ring& ring, size_t elems, int k, const float* input, float* acc) {
+// A product's dot products in shared memory, by segment: at[c * rows + row] is row `row`'s over
+// column segment c. Each (segment, row) is one warp's, written once: no zeroing and no atomics, and
+// a row's segments are summed in one order.
+struct Dots {
+  float* at;
+  int rows, row_segments;
+
+  __device__ float Row(int row) const {
+    float sum = 0.f;
+    for (int c = 0; c < row_segments; ++c) sum += at[c * rows + row];
+    return sum;
+  }
+};
+
+// The dots of `dots.rows` rows of a product, arriving as tiles of RowsPerTile(k) rows, with `input`.
+__device__ void ConsumeSlice(Ring& ring, const Dots& dots, const float* input) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int row_segments = k / kSegment, segments = TileSegments(k);
-  const size_t tile_elems = Span(segments, kSegment);
+  const int rows_per_tile = kConsumerWarps / dots.row_segments, segment = warp % dots.row_segments;
   constexpr int kVectors = kSegment / 8 / 32;  // a lane's 8-element vectors of a segment
   float4 x[2 * kVectors];
 #pragma unroll
   for (int j = 0; j < kVectors; ++j) {
-    const float4* in = reinterpret_cast<const float4*>(input + warp % row_segments * kSegment + (j * 32 + lane) * 8);
+    const float4* in = reinterpret_cast<const float4*>(input + segment * kSegment + (j * 32 + lane) * 8);
     x[2 * j] = in[0];
     x[2 * j + 1] = in[1];
   }
-  int row = warp / row_segments;
-  for (size_t at = 0; at < elems; at += tile_elems, row += segments / row_segments) {
-    const size_t n = Min(tile_elems, elems - at);
-    WaitParity(ring.full_bar(), ring.parity());
-    if (warp < segments && Span(warp, kSegment) < n) {
+  const bool reads = warp < rows_per_tile * dots.row_segments;
+  const int tiles = CeilDiv(dots.rows, rows_per_tile);
+  for (int t = 0, row = warp / dots.row_segments; t < tiles; ++t, row += rows_per_tile) {
+    WaitSlot(ring.full_bar(), ring.parity());
+    uint4 weights[kVectors];
+    const bool mine = reads && row < dots.rows;
+    if (mine) {
       const uint4* w = reinterpret_cast<const uint4*>(ring.tile()) + warp * (kSegment / 8);
-      uint4 weights[kVectors];
 #pragma unroll
       for (int j = 0; j < kVectors; ++j) weights[j] = w[j * 32 + lane];
-      float dots[kVectors];  // independent chains: the vectors' loads and products overlap
-#pragma unroll
-      for (int j = 0; j < kVectors; ++j) dots[j] = Dot8(weights[j], x[2 * j], x[2 * j + 1]);
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVectors; ++j) sum += dots[j];
-      sum = WarpSum(sum);
-      if (lane == 0) atomicAdd(&acc[row], sum);
     }
+    // The slot is free once the warp holds its part: the producer refills it during the arithmetic.
     __syncwarp();
     if (lane == 0) Arrive(ring.empty_bar());
     ++ring.count;
+    if (mine) {
+      float sum = 0.f;
+#pragma unroll
+      for (int j = 0; j < kVectors; ++j) sum += Dot8(weights[j], x[2 * j], x[2 * j + 1]);
+      sum = WarpSum(sum);
+      if (lane == 0) dots.at[segment * dots.rows + row] = sum;
+    }
   }
-}
-
-__device__ inline void ZeroRows(float* acc, int rows) {
-  for (int i = threadIdx.x; i < rows; i += kConsumerThreads) acc[i] = 0.f;
 }
 
 // input = RMSNorm(x) * weight, rounded as transformers' LlamaRMSNorm rounds it. `x` is the residual
@@ -537,7 +586,7 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     for (int h = 0; h < kGroup; ++h) mine.out[h] = {0.f, 0.f};
   }
   for (int p = item.begin; p < item.end; p += kAttnTile) {
-    WaitParity(ring.full_bar(), ring.parity());
+    WaitSlot(ring.full_bar(), ring.parity());
     const int rows = Min(kAttnTile, item.end - p) - warp * kRowsPerWarp;
     if (rows > 0) {
       const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile()) + warp * kRowsPerWarp * kHeadDim;
@@ -641,7 +690,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* h = reinterpret_cast<float*>(ws + w.h);
   GridBarrier barrier(reinterpret_cast<uint64_t*>(ws + w.arrivals), kStagesPerLayer * s.layers);
   float* input = reinterpret_cast<float*>(smem + m.input);
-  float* acc = reinterpret_cast<float*>(smem + m.acc);
+  float* dots = reinterpret_cast<float*>(smem + m.dots);
   float* residual = reinterpret_cast<float*>(smem + m.residual);
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
@@ -653,15 +702,16 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   const int attn_width = s.heads * s.head_dim;
   const int t = threadIdx.x;
 
+  const int hidden_segments = s.hidden / kSegment;
   for (int l = 0; l < s.layers; ++l) {
     const LlamaLayer& layer = a.layer[l];
     // qkv = norm(x) . Wqkv
     Rows r = RowsOf(QkvRows(s), l, 0);
-    ZeroRows(acc, r.end - r.begin);
+    Dots d{dots, r.end - r.begin, hidden_segments};
     LoadNormed(input, l == 0 ? nullptr : x, embedding_row, layer.input_norm, s.hidden, s.rms_eps, reduce);
-    ConsumeSlice(ring, Span(r.end - r.begin, s.hidden), s.hidden, input, acc);
+    ConsumeSlice(ring, d, input);
     ConsumerSync();
-    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) qkv[r.begin + i] = Bf16(acc[i]);
+    for (int i = t; i < d.rows; i += kConsumerThreads) qkv[r.begin + i] = Bf16(d.Row(i));
     barrier.Sync();
 
     if (item.head >= 0) Attention(a, layer, item, position, ring, sh, new_kv, w, ws);
@@ -669,45 +719,45 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
 
     // x += attn . Wo
     r = RowsOf(s.hidden, l, 2);
-    ZeroRows(acc, r.end - r.begin);
+    d = {dots, r.end - r.begin, attn_width / kSegment};
     LoadResidual(residual, l == 0 ? nullptr : x, embedding_row, r);
     LoadVector(input, reinterpret_cast<const float*>(ws + w.attn), attn_width);
-    ConsumeSlice(ring, Span(r.end - r.begin, attn_width), attn_width, input, acc);
+    ConsumeSlice(ring, d, input);
     ConsumerSync();
-    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
+    for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
 
     // h = silu(norm(x) . Wgate) * (norm(x) . Wup)
     r = RowsOf(s.ffn, l, 3);
-    const int rows = r.end - r.begin;
-    ZeroRows(acc, 2 * rows);
+    const Dots gate{dots, r.end - r.begin, hidden_segments};
+    const Dots up{dots + gate.rows * hidden_segments, gate.rows, hidden_segments};
     LoadNormed(input, x, nullptr, layer.post_norm, s.hidden, s.rms_eps, reduce);
-    ConsumeSlice(ring, Span(rows, s.hidden), s.hidden, input, acc);
-    ConsumeSlice(ring, Span(rows, s.hidden), s.hidden, input, acc + rows);
+    ConsumeSlice(ring, gate, input);
+    ConsumeSlice(ring, up, input);
     ConsumerSync();
-    for (int i = t; i < rows; i += kConsumerThreads) {
-      const float g = Bf16(acc[i]);
-      h[r.begin + i] = Bf16(Bf16(g / (1.f + __expf(-g))) * Bf16(acc[rows + i]));
+    for (int i = t; i < gate.rows; i += kConsumerThreads) {
+      const float g = Bf16(gate.Row(i));
+      h[r.begin + i] = Bf16(Bf16(g / (1.f + __expf(-g))) * Bf16(up.Row(i)));
     }
     barrier.Sync();
 
     // x += h . Wdown
     r = RowsOf(s.hidden, l, 4);
-    ZeroRows(acc, r.end - r.begin);
+    d = {dots, r.end - r.begin, s.ffn / kSegment};
     LoadResidual(residual, x, nullptr, r);
     LoadVector(input, h, s.ffn);
-    ConsumeSlice(ring, Span(r.end - r.begin, s.ffn), s.ffn, input, acc);
+    ConsumeSlice(ring, d, input);
     ConsumerSync();
-    for (int i = t; i < r.end - r.begin; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(acc[i]));
+    for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
   }
   // logits = norm(x) . Wlm
   const Rows r = RowsOf(s.vocab, s.layers, 0);
-  ZeroRows(acc, r.end - r.begin);
+  const Dots d{dots, r.end - r.begin, hidden_segments};
   LoadNormed(input, x, nullptr, a.final_norm, s.hidden, s.rms_eps, reduce);
-  ConsumeSlice(ring, Span(r.end - r.begin, s.hidden), s.hidden, input, acc);
+  ConsumeSlice(ring, d, input);
   ConsumerSync();
-  for (int i = t; i < r.end - r.begin; i += kConsumerThreads) a.logits[r.begin + i] = __float2bfloat16(acc[i]);
+  for (int i = t; i < d.rows; i += kConsumerThreads) a.logits[r.begin + i] = __float2bfloat16(d.Row(i));
 }
 
 __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __grid_constant__ LlamaDecodeArgs a) {
@@ -755,6 +805,8 @@ extern "C" int zerokv_megakernel_trace(uint64_t* out, int* counts) {
   if (cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)) != cudaSuccess) return -1;
   if (cudaMemcpyFromSymbol(counts, g_trace_at, sizeof(g_trace_at)) != cudaSuccess) return -1;
   static int zeros[256] = {};
+  static uint64_t no_waits[256][2] = {};
+  if (cudaMemcpyToSymbol(g_waited, no_waits, sizeof(no_waits)) != cudaSuccess) return -1;
   return cudaMemcpyToSymbol(g_trace_at, zeros, sizeof(zeros)) == cudaSuccess ? 0 : -1;
 }
 #endif
