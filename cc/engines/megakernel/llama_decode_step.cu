@@ -33,6 +33,13 @@ constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most
+// Attention's lanes: a warp folds kRowsPerWarp rows of each tile, a lane per (row, head, half of the
+// head dimension) (AttendRows).
+constexpr int kRowsPerWarp = kAttnTile / kConsumerWarps;
+static_assert(kRowsPerWarp * kGroup * 2 == 32, "a lane per (row, head, half of the head dimension)");
+// A tile's weights of a warp's rows, [kRowsPerWarp, kGroup], then the rescale of each head's output:
+// every lane reads them all, from shared memory in five broadcast loads rather than 20 shuffles.
+constexpr int kWarpWeights = kRowsPerWarp * kGroup + kGroup;
 #ifndef ZEROKV_MEGAKERNEL_SPLIT_TILES
 #define ZEROKV_MEGAKERNEL_SPLIT_TILES 1
 #endif
@@ -93,7 +100,7 @@ __host__ __device__ inline int MaxInput(const LlamaShape& s) {
 }
 
 struct Shared {
-  size_t full, empty, input, dots, residual, q, cos_sin, stats, new_kv, reduce, bytes;
+  size_t full, empty, input, dots, residual, q, cos_sin, stats, weights, new_kv, reduce, bytes;
 };
 
 __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
@@ -108,6 +115,7 @@ __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
   m.q = take(sizeof(float) * kGroup * kHeadDim);
   m.cos_sin = take(sizeof(float) * kHeadDim);
   m.stats = take(sizeof(float) * 2 * kConsumerWarps * kGroup);  // attention's maxes and sums
+  m.weights = take(sizeof(float) * kConsumerWarps * kWarpWeights);
   m.new_kv = take(sizeof(__nv_bfloat16) * 2 * kHeadDim);
   m.reduce = take(sizeof(float) * (kConsumerWarps + 1));
   m.bytes = at;
@@ -477,15 +485,13 @@ struct AttentionShared {
   float* max;      // [kConsumerWarps, kGroup]: each warp's running max
   float* sum;      // [kConsumerWarps, kGroup]: each warp's running sum
   float* out;      // [kConsumerWarps, kGroup * kHeadDim]: each warp's output (the input buffer, free here)
+  float* weights;  // [kConsumerWarps, kWarpWeights]: each warp's softmax weights of a tile (AttendRows)
 };
 
 // Attention runs as flash-decoding inside the CTA too: each consumer warp folds its own rows of
 // every tile into its own running softmax, so that a tile costs no CTA-wide barrier, and the warps
 // merge once at the end of the split. A lane holds (row, head, half): it scores one row against
 // half of one query head; for the values it holds two dimensions of every head.
-constexpr int kRowsPerWarp = kAttnTile / kConsumerWarps;
-static_assert(kRowsPerWarp * kGroup * 2 == 32, "a lane per (row, head, half of the head dimension)");
-
 struct WarpAttention {
   float4 q[kHeadDim / 2 / 4];  // the lane's half of its head's query
   float max = -INFINITY;       // over the rows folded so far, for the lane's head
@@ -498,18 +504,18 @@ struct WarpAttention {
 __device__ inline float MergeWeight(float m, float merged) { return m > -INFINITY ? __expf(m - merged) : 0.f; }
 
 // Folds rows [0, n) of `keys` and `values` ([n, kHeadDim], n <= kRowsPerWarp, the same across the
-// warp) into the warp's running softmax.
+// warp) into the warp's running softmax; `weights` is the warp's kWarpWeights floats.
 __device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values,
-                                           int n) {
+                                           int n, float* weights) {
   const unsigned all = 0xffffffffu;
-  const int lane = threadIdx.x % 32, row = lane >> 3, half = lane & 1;
+  const int lane = threadIdx.x % 32, row = lane >> 3, head = (lane >> 1) & 3, half = lane & 1;
   float score = -INFINITY;
   if (row < n) {
     const uint4* k = reinterpret_cast<const uint4*>(keys + row * kHeadDim + half * (kHeadDim / 2));
-    float dot = 0.f;
+    float dots[kHeadDim / 2 / 8];  // independent chains
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2 / 8; ++i) dot += Dot8(k[i], w.q[2 * i], w.q[2 * i + 1]);
-    score = dot;
+    for (int i = 0; i < kHeadDim / 2 / 8; ++i) dots[i] = Dot8(k[i], w.q[2 * i], w.q[2 * i + 1]);
+    score = (dots[0] + dots[1]) + (dots[2] + dots[3]);
   }
   score += __shfl_xor_sync(all, score, 1);
   float tile_max = fmaxf(score, __shfl_xor_sync(all, score, 8));  // over the rows: lane bits 3 and 4
@@ -521,21 +527,27 @@ __device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16
   total += __shfl_xor_sync(all, total, 16);
   w.sum = w.sum * rescale + total;
   w.max = now;
+  __syncwarp();  // the last tile's weights are read
+  if (half == 0) weights[row * kGroup + head] = p;
+  if (half == 0 && row == 0) weights[kRowsPerWarp * kGroup + head] = rescale;
+  __syncwarp();
+  const float4 r = reinterpret_cast<const float4*>(weights)[kRowsPerWarp];
+  const float rescales[kGroup] = {r.x, r.y, r.z, r.w};
 #pragma unroll
   for (int h = 0; h < kGroup; ++h) {
-    const float r = __shfl_sync(all, rescale, h << 1);
-    w.out[h].x *= r;
-    w.out[h].y *= r;
+    w.out[h].x *= rescales[h];
+    w.out[h].y *= rescales[h];
   }
 #pragma unroll
   for (int i = 0; i < kRowsPerWarp; ++i) {
     if (i >= n) break;
     const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(values + i * kHeadDim + 2 * lane));
+    const float4 pw = reinterpret_cast<const float4*>(weights)[i];
+    const float row_weights[kGroup] = {pw.x, pw.y, pw.z, pw.w};
 #pragma unroll
     for (int h = 0; h < kGroup; ++h) {
-      const float weight = __shfl_sync(all, p, (i << 3) | (h << 1));
-      w.out[h].x += weight * v.x;
-      w.out[h].y += weight * v.y;
+      w.out[h].x += row_weights[h] * v.x;
+      w.out[h].y += row_weights[h] * v.y;
     }
   }
 }
@@ -590,14 +602,16 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     const int rows = Min(kAttnTile, item.end - p) - warp * kRowsPerWarp;
     if (rows > 0) {
       const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile()) + warp * kRowsPerWarp * kHeadDim;
-      AttendRows(mine, keys, keys + kValueOffset / 2, Min(rows, kRowsPerWarp));
+      AttendRows(mine, keys, keys + kValueOffset / 2, Min(rows, kRowsPerWarp), sh.weights + warp * kWarpWeights);
     }
     __syncwarp();
     if (lane == 0) Arrive(ring.empty_bar());
     ++ring.count;
   }
   // This step's own row, by the warp whose share of a partial last tile is the smallest.
-  if (item.last && warp == kConsumerWarps - 1) AttendRows(mine, new_kv, new_kv + kHeadDim, 1);
+  if (item.last && warp == kConsumerWarps - 1) {
+    AttendRows(mine, new_kv, new_kv + kHeadDim, 1, sh.weights + warp * kWarpWeights);
+  }
 
   // The warps' softmaxes merged into this split's unnormalized output and statistics, then the
   // head's last split to finish merges every split's.
@@ -695,7 +709,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
   const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.cos_sin), stats,
-                           stats + kConsumerWarps * kGroup, input};
+                           stats + kConsumerWarps * kGroup, input, reinterpret_cast<float*>(smem + m.weights)};
   auto* new_kv = reinterpret_cast<__nv_bfloat16*>(smem + m.new_kv);
   const __nv_bfloat16* embedding_row = a.embedding + token * s.hidden;
   const AttentionItem item = AttentionItemOf(s, position);
