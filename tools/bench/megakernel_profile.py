@@ -15,7 +15,8 @@ each position over the Llama-3.2-1B-shaped model of the bench:
                  stage: the work between barriers, the wait in them, and how far apart CTAs arrive;
                  and the share of a stage's cycles its first consumer thread waited for tiles
                  (starved: the stream is behind) and its producer waited for free slots (blocked:
-                 the consumers are behind).
+                 the consumers are behind); and which CTAs are slowest in each stage, on average
+                 over the layers, with how alike two layers' per-CTA times are (the same SMs slow).
 """
 
 from __future__ import annotations
@@ -39,28 +40,29 @@ STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
 VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
-
-
-TRACE_BARRIERS = 5 * 32  # kTraceBarriers
-TRACE_FIELDS = 6  # TraceField: arrival and departure (ns, clock), starved and blocked cycles
+# TraceField's order in llama_decode_step.cu.
+ARRIVE_NS, LEAVE_NS, ARRIVE_CLOCK, LEAVE_CLOCK, STARVED, BLOCKED = range(6)
 
 
 def read_trace(lib):
-    """The kernel's trace as [256, barriers, fields], and its cursor reset for the next launch."""
-    trace = (ctypes.c_uint64 * (256 * TRACE_BARRIERS * TRACE_FIELDS))()
-    counts = (ctypes.c_int * 256)()
+    """The kernel's trace as [ctas, barriers, fields] in the layout the library reports, and its
+    cursor reset for the next launch."""
+    ctas, barriers, fields = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
+    lib.zerokv_megakernel_trace_layout(ctypes.byref(ctas), ctypes.byref(barriers), ctypes.byref(fields))
+    trace = (ctypes.c_uint64 * (ctas.value * barriers.value * fields.value))()
+    counts = (ctypes.c_int * ctas.value)()
     lib.zerokv_megakernel_trace.restype = ctypes.c_int
     if lib.zerokv_megakernel_trace(trace, counts) != 0:
         raise RuntimeError("reading the trace failed")
-    return torch.tensor(list(trace), dtype=torch.float64).view(256, TRACE_BARRIERS, TRACE_FIELDS)
+    return torch.tensor(list(trace), dtype=torch.float64).view(ctas.value, barriers.value, fields.value)
 
 
 def summarize_trace(lib, layers, position):
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
     fields = read_trace(lib)[:ctas, :layers * 5]
-    t = fields[..., :2] / 1e3  # us
-    arrive, leave = t[..., 0], t[..., 1]
-    arrive_clock, leave_clock, starved, blocked = fields[..., 2], fields[..., 3], fields[..., 4], fields[..., 5]
+    arrive, leave = fields[..., ARRIVE_NS] / 1e3, fields[..., LEAVE_NS] / 1e3  # us
+    arrive_clock, leave_clock = fields[..., ARRIVE_CLOCK], fields[..., LEAVE_CLOCK]
+    starved, blocked = fields[..., STARVED], fields[..., BLOCKED]
     cycles = (arrive_clock[:, 1:] - leave_clock[:, :-1]).clamp(min=1)  # the stage after barrier b-1, per CTA
     work = arrive[:, 1:] - leave[:, :-1]  # the stage after barrier b-1, per CTA
     wait = leave - arrive
@@ -76,6 +78,14 @@ def summarize_trace(lib, layers, position):
               f"barrier wait mean {wait[:, ends].mean().item():6.2f} us; arrival spread "
               f"{spread[ends].mean().item():6.2f} us (per layer); starved {(starved[:, ends] / cycles[:, idx]).mean().item():.0%}, "
               f"blocked {(blocked[:, ends] / cycles[:, idx]).mean().item():.0%}", flush=True)
+        # Whether the same CTAs (one per SM, so the same SMs) are the slow ones in every layer: the
+        # CTAs slowest on average, and how alike two layers' per-CTA times are.
+        per_cta = w.mean(1)
+        slowest = per_cta.argsort(descending=True)[:4].tolist()
+        alike = torch.corrcoef(w.T)
+        pairs = alike[~torch.eye(alike.shape[0], dtype=torch.bool)]
+        print(f"             slowest CTAs on average {', '.join(f'{c} ({per_cta[c].item():.2f} us)' for c in slowest)};"
+              f" per-CTA times' correlation between layers {pairs.mean().item():.2f}", flush=True)
 
 
 def main():

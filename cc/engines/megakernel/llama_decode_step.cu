@@ -1,10 +1,9 @@
 // The persistent decode-step kernel of llama_decode_step.h.
 //
 // Each CTA (one per SM) runs a producer warp and kConsumerWarps consumer warps. Both walk the same
-// schedule: per layer, the CTA's rows of qkv, its attention work item's K and V tiles, its rows of o,
-// gate, up and down, then its rows of the LM head. The producer copies each tile into the next slot
-// of a ring in shared memory and never waits for activations; the consumers wait for each stage's
-// inputs at a grid barrier, then take the tiles in the same order. Numerics follow transformers'
+// schedule (ForEachTile). The producer copies each tile into the next slot of a ring in shared
+// memory and never waits for activations; the consumers wait for each stage's inputs at a grid
+// barrier, then take the tiles in the same order. Numerics follow transformers'
 // BF16 Llama: every tensor the model keeps in BF16 (residual stream, projections, rotary products,
 // attention output) is rounded to BF16 where the model rounds it; sums accumulate in FP32.
 #include "cc/engines/megakernel/llama_decode_step.h"
@@ -203,9 +202,10 @@ __device__ inline void BulkCopy(void* dst, const void* src, uint32_t bytes, uint
 // for a free slot while it copied that stage's tiles (the consumers behind the stream).
 constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
 enum TraceField { kArriveNs, kLeaveNs, kArriveClock, kLeaveClock, kStarved, kBlocked, kTraceFields };
-__device__ uint64_t g_trace[256][kTraceBarriers][kTraceFields];
-__device__ int g_trace_at[256];
-__device__ uint64_t g_waited[256][2];  // cycles since the last record: consumer thread 0's, the producer's
+constexpr int kTraceCtas = 256;
+__device__ uint64_t g_trace[kTraceCtas][kTraceBarriers][kTraceFields];
+__device__ int g_trace_at[kTraceCtas];
+__device__ uint64_t g_waited[kTraceCtas][2];  // cycles since the last record: consumer thread 0's, the producer's
 __device__ inline uint64_t GlobalTime() {
   uint64_t t;
   asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
@@ -243,31 +243,50 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-// Copies `rows` rows of a `k`-wide product from `base`, RowsPerTile(k) to a tile.
-__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, int rows, int k, uint64_t policy) {
-  const int rows_per_tile = RowsPerTile(k);
-  for (int row = 0; row < rows; row += rows_per_tile) {
-    const uint32_t bytes = static_cast<uint32_t>(Min(rows_per_tile, rows - row) * k * 2);
-    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), bytes);
-    BulkCopy(ring.tile(), base + Span(row, k), bytes, ring.full_bar(), policy);
-    ++ring.count;
-  }
-}
+// One tile of the step's stream: `bytes` of a product's rows from `first`, or for attention `bytes`
+// of K rows from `first` and as many V rows from `second` (at kValueOffset in the tile).
+struct TileSource {
+  const void* first;
+  const void* second;
+  uint32_t bytes;
+};
 
-__device__ inline void ProduceAttention(Ring& ring, const LlamaShape& s, const LlamaLayer& layer,
-                                        const AttentionItem& item) {
-  if (item.head < 0) return;
-  const size_t head_rows = Span(item.head, s.capacity);
-  for (int p = item.begin; p < item.end; p += kAttnTile) {
-    const uint32_t n = Min(kAttnTile, item.end - p);
-    const uint32_t bytes = n * kHeadDim * 2;
-    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), 2 * bytes);
-    BulkCopy(ring.tile(), layer.k_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
-    BulkCopy(ring.tile() + kValueOffset, layer.v_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
-    ++ring.count;
+// Calls `tile(TileSource)` for every tile of the step in the order the consumers take them, and
+// `staged(layer, stage)` after each stage of a layer: the CTA's rows of qkv, its attention work
+// item's K and V, its rows of o, gate, up and down, then its rows of the LM head.
+template <class Tile, class Staged>
+__device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile, Staged&& staged) {
+  const LlamaShape& s = a.shape;
+  auto slice = [&](const __nv_bfloat16* matrix, Rows r, int k) {
+    const int rows_per_tile = RowsPerTile(k);
+    for (int row = r.begin; row < r.end; row += rows_per_tile) {
+      tile(TileSource{matrix + Span(row, k), nullptr, static_cast<uint32_t>(Min(rows_per_tile, r.end - row) * k * 2)});
+    }
+  };
+  const AttentionItem item = AttentionItemOf(s, position);
+  const int attn_width = s.heads * s.head_dim;
+  for (int l = 0; l < s.layers; ++l) {
+    const LlamaLayer& layer = a.layer[l];
+    slice(layer.qkv, RowsOf(QkvRows(s), l, 0), s.hidden);
+    staged(l, 0);
+    if (item.head >= 0) {
+      const size_t head_rows = Span(item.head, s.capacity);
+      for (int p = item.begin; p < item.end; p += kAttnTile) {
+        const size_t at = (head_rows + p) * kHeadDim;
+        tile(TileSource{layer.k_cache + at, layer.v_cache + at, static_cast<uint32_t>(Min(kAttnTile, item.end - p) * kHeadDim * 2)});
+      }
+    }
+    staged(l, 1);
+    slice(layer.o, RowsOf(s.hidden, l, 2), attn_width);
+    staged(l, 2);
+    const Rows ffn_rows = RowsOf(s.ffn, l, 3);
+    slice(layer.gate, ffn_rows, s.hidden);
+    slice(layer.up, ffn_rows, s.hidden);
+    staged(l, 3);
+    slice(layer.down, RowsOf(s.hidden, l, 4), s.ffn);
+    staged(l, 4);
   }
+  slice(a.lm_head, RowsOf(s.vocab, s.layers, 0), s.hidden);
 }
 
 // Under the trace, the cycles the producer waited for free slots while copying stage `stage` of
@@ -280,32 +299,23 @@ __device__ inline void TraceProduced(int layer, int stage) {
 }
 
 __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
-  const LlamaShape& s = a.shape;
   const uint64_t policy = EvictFirstPolicy();
-  const AttentionItem item = AttentionItemOf(s, position);
-  const int attn_width = s.heads * s.head_dim;
-  for (int l = 0; l < s.layers; ++l) {
-    const LlamaLayer& layer = a.layer[l];
-    Rows r = RowsOf(QkvRows(s), l, 0);
-    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    TraceProduced(l, 0);
-    ProduceAttention(ring, s, layer, item);
-    TraceProduced(l, 1);
-    r = RowsOf(s.hidden, l, 2);
-    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), r.end - r.begin, attn_width, policy);
-    TraceProduced(l, 2);
-    r = RowsOf(s.ffn, l, 3);
-    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    TraceProduced(l, 3);
-    r = RowsOf(s.hidden, l, 4);
-    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), r.end - r.begin, s.ffn, policy);
-    TraceProduced(l, 4);
-  }
-  const Rows r = RowsOf(s.vocab, s.layers, 0);
-  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+  ForEachTile(
+      a, position,
+      [&](const TileSource& t) {
+        WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
+        if (t.second == nullptr) {
+          ArriveExpectBytes(ring.full_bar(), t.bytes);
+          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar(), policy);
+        } else {
+          ArriveExpectBytes(ring.full_bar(), 2 * t.bytes);
+          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar());
+          BulkCopy(ring.tile() + kValueOffset, t.second, t.bytes, ring.full_bar());
+        }
+        ++ring.count;
+      },
+      TraceProduced);
 }
-
 
 // --- consumers ---
 
@@ -815,11 +825,20 @@ int SmCount() {
 }  // namespace
 
 #ifdef ZEROKV_MEGAKERNEL_TRACE
+// The trace's shape, [ctas, barriers, fields] (TraceField's order), for its reader.
+extern "C" void zerokv_megakernel_trace_layout(int* ctas, int* barriers, int* fields) {
+  *ctas = kTraceCtas;
+  *barriers = kTraceBarriers;
+  *fields = kTraceFields;
+}
+
+// Copies the trace of the launches since the last call into `out` and each CTA's records into `counts`,
+// then resets it.
 extern "C" int zerokv_megakernel_trace(uint64_t* out, int* counts) {
   if (cudaMemcpyFromSymbol(out, g_trace, sizeof(g_trace)) != cudaSuccess) return -1;
   if (cudaMemcpyFromSymbol(counts, g_trace_at, sizeof(g_trace_at)) != cudaSuccess) return -1;
-  static int zeros[256] = {};
-  static uint64_t no_waits[256][2] = {};
+  static int zeros[kTraceCtas] = {};
+  static uint64_t no_waits[kTraceCtas][2] = {};
   if (cudaMemcpyToSymbol(g_waited, no_waits, sizeof(no_waits)) != cudaSuccess) return -1;
   return cudaMemcpyToSymbol(g_trace_at, zeros, sizeof(zeros)) == cudaSuccess ? 0 : -1;
 }
