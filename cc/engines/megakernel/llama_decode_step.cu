@@ -1,9 +1,10 @@
 // The persistent decode-step kernel of llama_decode_step.h.
 //
 // Each CTA (one per SM) runs a producer warp and kConsumerWarps consumer warps. Both walk the same
-// schedule (ForEachTile). The producer copies each tile into the next slot of a ring in shared
-// memory and never waits for activations; the consumers wait for each stage's inputs at a grid
-// barrier, then take the tiles in the same order. Numerics follow transformers'
+// schedule: per layer, the CTA's rows of qkv, its attention work item's K and V tiles, its rows of o,
+// gate, up and down, then its rows of the LM head. The producer copies each tile into the next slot
+// of a ring in shared memory and never waits for activations; the consumers wait for each stage's
+// inputs at a grid barrier, then take the tiles in the same order. Numerics follow transformers'
 // BF16 Llama: every tensor the model keeps in BF16 (residual stream, projections, rotary products,
 // attention output) is rounded to BF16 where the model rounds it; sums accumulate in FP32.
 #include "cc/engines/megakernel/llama_decode_step.h"
@@ -243,50 +244,31 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-// One tile of the step's stream: `bytes` of a product's rows from `first`, or for attention `bytes`
-// of K rows from `first` and as many V rows from `second` (at kValueOffset in the tile).
-struct TileSource {
-  const void* first;
-  const void* second;
-  uint32_t bytes;
-};
-
-// Calls `tile(TileSource)` for every tile of the step in the order the consumers take them, and
-// `staged(layer, stage)` after each stage of a layer: the CTA's rows of qkv, its attention work
-// item's K and V, its rows of o, gate, up and down, then its rows of the LM head.
-template <class Tile, class Staged>
-__device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile, Staged&& staged) {
-  const LlamaShape& s = a.shape;
-  auto slice = [&](const __nv_bfloat16* matrix, Rows r, int k) {
-    const int rows_per_tile = RowsPerTile(k);
-    for (int row = r.begin; row < r.end; row += rows_per_tile) {
-      tile(TileSource{matrix + Span(row, k), nullptr, static_cast<uint32_t>(Min(rows_per_tile, r.end - row) * k * 2)});
-    }
-  };
-  const AttentionItem item = AttentionItemOf(s, position);
-  const int attn_width = s.heads * s.head_dim;
-  for (int l = 0; l < s.layers; ++l) {
-    const LlamaLayer& layer = a.layer[l];
-    slice(layer.qkv, RowsOf(QkvRows(s), l, 0), s.hidden);
-    staged(l, 0);
-    if (item.head >= 0) {
-      const size_t head_rows = Span(item.head, s.capacity);
-      for (int p = item.begin; p < item.end; p += kAttnTile) {
-        const size_t at = (head_rows + p) * kHeadDim;
-        tile(TileSource{layer.k_cache + at, layer.v_cache + at, static_cast<uint32_t>(Min(kAttnTile, item.end - p) * kHeadDim * 2)});
-      }
-    }
-    staged(l, 1);
-    slice(layer.o, RowsOf(s.hidden, l, 2), attn_width);
-    staged(l, 2);
-    const Rows ffn_rows = RowsOf(s.ffn, l, 3);
-    slice(layer.gate, ffn_rows, s.hidden);
-    slice(layer.up, ffn_rows, s.hidden);
-    staged(l, 3);
-    slice(layer.down, RowsOf(s.hidden, l, 4), s.ffn);
-    staged(l, 4);
+// Copies `rows` rows of a `k`-wide product from `base`, RowsPerTile(k) to a tile.
+__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, int rows, int k, uint64_t policy) {
+  const int rows_per_tile = RowsPerTile(k);
+  for (int row = 0; row < rows; row += rows_per_tile) {
+    const uint32_t bytes = static_cast<uint32_t>(Min(rows_per_tile, rows - row) * k * 2);
+    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
+    ArriveExpectBytes(ring.full_bar(), bytes);
+    BulkCopy(ring.tile(), base + Span(row, k), bytes, ring.full_bar(), policy);
+    ++ring.count;
   }
-  slice(a.lm_head, RowsOf(s.vocab, s.layers, 0), s.hidden);
+}
+
+__device__ inline void ProduceAttention(Ring& ring, const LlamaShape& s, const LlamaLayer& layer,
+                                        const AttentionItem& item) {
+  if (item.head < 0) return;
+  const size_t head_rows = Span(item.head, s.capacity);
+  for (int p = item.begin; p < item.end; p += kAttnTile) {
+    const uint32_t n = Min(kAttnTile, item.end - p);
+    const uint32_t bytes = n * kHeadDim * 2;
+    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
+    ArriveExpectBytes(ring.full_bar(), 2 * bytes);
+    BulkCopy(ring.tile(), layer.k_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
+    BulkCopy(ring.tile() + kValueOffset, layer.v_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
+    ++ring.count;
+  }
 }
 
 // Under the trace, the cycles the producer waited for free slots while copying stage `stage` of
@@ -299,23 +281,32 @@ __device__ inline void TraceProduced(int layer, int stage) {
 }
 
 __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
+  const LlamaShape& s = a.shape;
   const uint64_t policy = EvictFirstPolicy();
-  ForEachTile(
-      a, position,
-      [&](const TileSource& t) {
-        WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
-        if (t.second == nullptr) {
-          ArriveExpectBytes(ring.full_bar(), t.bytes);
-          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar(), policy);
-        } else {
-          ArriveExpectBytes(ring.full_bar(), 2 * t.bytes);
-          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar());
-          BulkCopy(ring.tile() + kValueOffset, t.second, t.bytes, ring.full_bar());
-        }
-        ++ring.count;
-      },
-      TraceProduced);
+  const AttentionItem item = AttentionItemOf(s, position);
+  const int attn_width = s.heads * s.head_dim;
+  for (int l = 0; l < s.layers; ++l) {
+    const LlamaLayer& layer = a.layer[l];
+    Rows r = RowsOf(QkvRows(s), l, 0);
+    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    TraceProduced(l, 0);
+    ProduceAttention(ring, s, layer, item);
+    TraceProduced(l, 1);
+    r = RowsOf(s.hidden, l, 2);
+    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), r.end - r.begin, attn_width, policy);
+    TraceProduced(l, 2);
+    r = RowsOf(s.ffn, l, 3);
+    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+    TraceProduced(l, 3);
+    r = RowsOf(s.hidden, l, 4);
+    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), r.end - r.begin, s.ffn, policy);
+    TraceProduced(l, 4);
+  }
+  const Rows r = RowsOf(s.vocab, s.layers, 0);
+  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
 }
+
 
 // --- consumers ---
 
