@@ -85,7 +85,7 @@ def summarize_trace(lib, layers, position):
         alike = torch.corrcoef(w.T)
         pairs = alike[~torch.eye(alike.shape[0], dtype=torch.bool)]
         print(f"             slowest CTAs on average {', '.join(f'{c} ({per_cta[c].item():.2f} us)' for c in slowest)};"
-              f" per-CTA times' correlation between layers {pairs.mean().item():.2f}", flush=True)
+              f" per-CTA times' correlation between layers {pairs.nanmean().item():.2f}", flush=True)
 
 
 def main():
