@@ -40,26 +40,37 @@ STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
 VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
-# TraceField's order in llama_decode_step.cu.
-ARRIVE_NS, LEAVE_NS, ARRIVE_CLOCK, LEAVE_CLOCK, STARVED, BLOCKED = range(6)
+# TraceField's order in llama_decode_step.cu (trace_layout checks the count, not the order).
+TRACE_FIELDS = ["arrive_ns", "leave_ns", "arrive_clock", "leave_clock", "starved", "blocked"]
+ARRIVE_NS, LEAVE_NS, ARRIVE_CLOCK, LEAVE_CLOCK, STARVED, BLOCKED = range(len(TRACE_FIELDS))
+
+
+def trace_layout(lib):
+    """The trace's (ctas, barriers, fields, barriers a layer), as the library reports them."""
+    values = [ctypes.c_int() for _ in range(4)]
+    lib.zerokv_megakernel_trace_layout(*[ctypes.byref(v) for v in values])
+    ctas, barriers, fields, per_layer = (v.value for v in values)
+    if per_layer != len(STAGES) or fields != len(TRACE_FIELDS):
+        raise RuntimeError(f"the library's trace has {per_layer} stages a layer and {fields} fields, this reader "
+                           f"{len(STAGES)} and {len(TRACE_FIELDS)}")
+    return ctas, barriers, fields, per_layer
 
 
 def read_trace(lib):
-    """The kernel's trace as [ctas, barriers, fields] in the layout the library reports, and its
-    cursor reset for the next launch."""
-    ctas, barriers, fields = ctypes.c_int(), ctypes.c_int(), ctypes.c_int()
-    lib.zerokv_megakernel_trace_layout(ctypes.byref(ctas), ctypes.byref(barriers), ctypes.byref(fields))
-    trace = (ctypes.c_uint64 * (ctas.value * barriers.value * fields.value))()
-    counts = (ctypes.c_int * ctas.value)()
+    """The kernel's trace as [ctas, barriers, fields], and its cursor reset for the next launch."""
+    ctas, barriers, fields, _ = trace_layout(lib)
+    trace = (ctypes.c_uint64 * (ctas * barriers * fields))()
+    counts = (ctypes.c_int * ctas)()
     lib.zerokv_megakernel_trace.restype = ctypes.c_int
     if lib.zerokv_megakernel_trace(trace, counts) != 0:
         raise RuntimeError("reading the trace failed")
-    return torch.tensor(list(trace), dtype=torch.float64).view(ctas.value, barriers.value, fields.value)
+    return torch.tensor(list(trace), dtype=torch.float64).view(ctas, barriers, fields)
 
 
 def summarize_trace(lib, layers, position):
     ctas = torch.cuda.get_device_properties(0).multi_processor_count
-    fields = read_trace(lib)[:ctas, :layers * 5]
+    per_layer = len(STAGES)  # trace_layout holds it equal to the library's
+    fields = read_trace(lib)[:ctas, :layers * per_layer]
     arrive, leave = fields[..., ARRIVE_NS] / 1e3, fields[..., LEAVE_NS] / 1e3  # us
     arrive_clock, leave_clock = fields[..., ARRIVE_CLOCK], fields[..., LEAVE_CLOCK]
     starved, blocked = fields[..., STARVED], fields[..., BLOCKED]
@@ -70,8 +81,8 @@ def summarize_trace(lib, layers, position):
     total = (leave.max() - leave[:, 0].min()).item()
     print(f"trace at {position}: {total:.1f} us from the first barrier's departure to the last's", flush=True)
     for k, stage in enumerate(STAGES):
-        # stage k runs between barrier (5l + k - 1) and (5l + k): work index 5l + k - 1
-        idx = [5 * l + k - 1 for l in range(layers) if 5 * l + k - 1 >= 0]
+        # stage k runs between barrier (per_layer l + k - 1) and (per_layer l + k): work index per_layer l + k - 1
+        idx = [per_layer * l + k - 1 for l in range(layers) if per_layer * l + k - 1 >= 0]
         w = work[:, idx]
         ends = [i + 1 for i in idx]  # the barriers that end the stage
         print(f"  {stage:9s}: work mean {w.mean().item():6.2f} us, slowest CTA {w.max(0).values.mean().item():6.2f} us; "

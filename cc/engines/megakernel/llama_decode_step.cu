@@ -816,11 +816,13 @@ int SmCount() {
 }  // namespace
 
 #ifdef ZEROKV_MEGAKERNEL_TRACE
-// The trace's shape, [ctas, barriers, fields] (TraceField's order), for its reader.
-extern "C" void zerokv_megakernel_trace_layout(int* ctas, int* barriers, int* fields) {
+// The trace's shape, [ctas, barriers, fields] (TraceField's order), and the barriers a layer, for its
+// reader.
+extern "C" void zerokv_megakernel_trace_layout(int* ctas, int* barriers, int* fields, int* per_layer) {
   *ctas = kTraceCtas;
   *barriers = kTraceBarriers;
   *fields = kTraceFields;
+  *per_layer = kStagesPerLayer;
 }
 
 // Copies the trace of the launches since the last call into `out` and each CTA's records into `counts`,
