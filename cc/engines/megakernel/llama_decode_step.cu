@@ -1,10 +1,9 @@
 // The persistent decode-step kernel of llama_decode_step.h.
 //
 // Each CTA (one per SM) runs a producer warp and kConsumerWarps consumer warps. Both walk the same
-// schedule: per layer, the CTA's rows of qkv, its attention work item's K and V tiles, its rows of o,
-// gate, up and down, then its rows of the LM head. The producer copies each tile into the next slot
-// of a ring in shared memory and never waits for activations; the consumers wait for each stage's
-// inputs at a grid barrier, then take the tiles in the same order. Numerics follow transformers'
+// schedule (ForEachTile). The producer copies each tile into the next slot of a ring in shared
+// memory and never waits for activations; the consumers wait for each stage's inputs at a grid
+// barrier, then take the tiles in the same order. Numerics follow transformers'
 // BF16 Llama: every tensor the model keeps in BF16 (residual stream, projections, rotary products,
 // attention output) is rounded to BF16 where the model rounds it; sums accumulate in FP32.
 #include "cc/engines/megakernel/llama_decode_step.h"
@@ -33,13 +32,11 @@ constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most
-// Attention's lanes: a warp folds kRowsPerWarp rows of each tile, a lane per (row, head, half of the
-// head dimension) (AttendRows).
-constexpr int kRowsPerWarp = kAttnTile / kConsumerWarps;
-static_assert(kRowsPerWarp * kGroup * 2 == 32, "a lane per (row, head, half of the head dimension)");
-// A tile's weights of a warp's rows, [kRowsPerWarp, kGroup], then the rescale of each head's output:
-// every lane reads them all, from shared memory in five broadcast loads rather than 20 shuffles.
-constexpr int kWarpWeights = kRowsPerWarp * kGroup + kGroup;
+// Attention on tensor cores: a warp folds kWarpPositions positions of a tile (one mma's n), so the
+// consumers split in two groups of warps that take alternate tiles, each warp its block of a tile.
+constexpr int kWarpPositions = 8;
+constexpr int kAttentionGroups = kConsumerWarps * kWarpPositions / kAttnTile;
+static_assert(kAttentionGroups == 2 && kHeadDim == 64 && kGroup == 4, "AttendTile's fragment layout");
 #ifndef ZEROKV_MEGAKERNEL_SPLIT_TILES
 #define ZEROKV_MEGAKERNEL_SPLIT_TILES 1
 #endif
@@ -100,7 +97,7 @@ __host__ __device__ inline int MaxInput(const LlamaShape& s) {
 }
 
 struct Shared {
-  size_t full, empty, input, dots, residual, q, cos_sin, stats, weights, new_kv, reduce, bytes;
+  size_t full, empty, input, dots, residual, q, cos_sin, stats, new_kv, reduce, bytes;
 };
 
 __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
@@ -115,7 +112,6 @@ __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
   m.q = take(sizeof(float) * kGroup * kHeadDim);
   m.cos_sin = take(sizeof(float) * kHeadDim);
   m.stats = take(sizeof(float) * 2 * kConsumerWarps * kGroup);  // attention's maxes and sums
-  m.weights = take(sizeof(float) * kConsumerWarps * kWarpWeights);
   m.new_kv = take(sizeof(__nv_bfloat16) * 2 * kHeadDim);
   m.reduce = take(sizeof(float) * (kConsumerWarps + 1));
   m.bytes = at;
@@ -244,31 +240,61 @@ struct Ring {
   __device__ uint32_t parity() const { return (count / kRing) & 1; }
 };
 
-// Copies `rows` rows of a `k`-wide product from `base`, RowsPerTile(k) to a tile.
-__device__ inline void ProduceSlice(Ring& ring, const __nv_bfloat16* base, int rows, int k, uint64_t policy) {
-  const int rows_per_tile = RowsPerTile(k);
-  for (int row = 0; row < rows; row += rows_per_tile) {
-    const uint32_t bytes = static_cast<uint32_t>(Min(rows_per_tile, rows - row) * k * 2);
-    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), bytes);
-    BulkCopy(ring.tile(), base + Span(row, k), bytes, ring.full_bar(), policy);
-    ++ring.count;
-  }
+// A consumer warp's release of the slot it has loaded its part of, to be refilled while the warp
+// computes. The producer's copy writes the slot through the async proxy, which the arrival's
+// release does not order after the warp's loads: without the proxy fence the copy may land before
+// a load has read the slot (seen on an H100 as different bits from the same inputs).
+__device__ inline void ReleaseSlot(Ring& ring) {
+  asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+  __syncwarp();
+  if (threadIdx.x % 32 == 0) Arrive(ring.empty_bar());
+  ++ring.count;
 }
 
-__device__ inline void ProduceAttention(Ring& ring, const LlamaShape& s, const LlamaLayer& layer,
-                                        const AttentionItem& item) {
-  if (item.head < 0) return;
-  const size_t head_rows = Span(item.head, s.capacity);
-  for (int p = item.begin; p < item.end; p += kAttnTile) {
-    const uint32_t n = Min(kAttnTile, item.end - p);
-    const uint32_t bytes = n * kHeadDim * 2;
-    WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
-    ArriveExpectBytes(ring.full_bar(), 2 * bytes);
-    BulkCopy(ring.tile(), layer.k_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
-    BulkCopy(ring.tile() + kValueOffset, layer.v_cache + (head_rows + p) * kHeadDim, bytes, ring.full_bar());
-    ++ring.count;
+// One tile of the step's stream: `bytes` of a product's rows from `first`, or for attention `bytes`
+// of K rows from `first` and as many V rows from `second` (at kValueOffset in the tile).
+struct TileSource {
+  const void* first;
+  const void* second;
+  uint32_t bytes;
+};
+
+// Calls `tile(TileSource)` for every tile of the step in the order the consumers take them, and
+// `staged(layer, stage)` after each stage of a layer: the CTA's rows of qkv, its attention work
+// item's K and V, its rows of o, gate, up and down, then its rows of the LM head.
+template <class Tile, class Staged>
+__device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile, Staged&& staged) {
+  const LlamaShape& s = a.shape;
+  auto slice = [&](const __nv_bfloat16* matrix, Rows r, int k) {
+    const int rows_per_tile = RowsPerTile(k);
+    for (int row = r.begin; row < r.end; row += rows_per_tile) {
+      tile(TileSource{matrix + Span(row, k), nullptr, static_cast<uint32_t>(Min(rows_per_tile, r.end - row) * k * 2)});
+    }
+  };
+  const AttentionItem item = AttentionItemOf(s, position);
+  const int attn_width = s.heads * s.head_dim;
+  for (int l = 0; l < s.layers; ++l) {
+    const LlamaLayer& layer = a.layer[l];
+    slice(layer.qkv, RowsOf(QkvRows(s), l, 0), s.hidden);
+    staged(l, 0);
+    if (item.head >= 0) {
+      const size_t head_rows = Span(item.head, s.capacity);
+      for (int p = item.begin; p < item.end; p += kAttnTile) {
+        const size_t at = (head_rows + p) * kHeadDim;
+        tile(TileSource{layer.k_cache + at, layer.v_cache + at, static_cast<uint32_t>(Min(kAttnTile, item.end - p) * kHeadDim * 2)});
+      }
+    }
+    staged(l, 1);
+    slice(layer.o, RowsOf(s.hidden, l, 2), attn_width);
+    staged(l, 2);
+    const Rows ffn_rows = RowsOf(s.ffn, l, 3);
+    slice(layer.gate, ffn_rows, s.hidden);
+    slice(layer.up, ffn_rows, s.hidden);
+    staged(l, 3);
+    slice(layer.down, RowsOf(s.hidden, l, 4), s.ffn);
+    staged(l, 4);
   }
+  slice(a.lm_head, RowsOf(s.vocab, s.layers, 0), s.hidden);
 }
 
 // Under the trace, the cycles the producer waited for free slots while copying stage `stage` of
@@ -281,32 +307,23 @@ __device__ inline void TraceProduced(int layer, int stage) {
 }
 
 __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
-  const LlamaShape& s = a.shape;
   const uint64_t policy = EvictFirstPolicy();
-  const AttentionItem item = AttentionItemOf(s, position);
-  const int attn_width = s.heads * s.head_dim;
-  for (int l = 0; l < s.layers; ++l) {
-    const LlamaLayer& layer = a.layer[l];
-    Rows r = RowsOf(QkvRows(s), l, 0);
-    ProduceSlice(ring, layer.qkv + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    TraceProduced(l, 0);
-    ProduceAttention(ring, s, layer, item);
-    TraceProduced(l, 1);
-    r = RowsOf(s.hidden, l, 2);
-    ProduceSlice(ring, layer.o + Span(r.begin, attn_width), r.end - r.begin, attn_width, policy);
-    TraceProduced(l, 2);
-    r = RowsOf(s.ffn, l, 3);
-    ProduceSlice(ring, layer.gate + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    ProduceSlice(ring, layer.up + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
-    TraceProduced(l, 3);
-    r = RowsOf(s.hidden, l, 4);
-    ProduceSlice(ring, layer.down + Span(r.begin, s.ffn), r.end - r.begin, s.ffn, policy);
-    TraceProduced(l, 4);
-  }
-  const Rows r = RowsOf(s.vocab, s.layers, 0);
-  ProduceSlice(ring, a.lm_head + Span(r.begin, s.hidden), r.end - r.begin, s.hidden, policy);
+  ForEachTile(
+      a, position,
+      [&](const TileSource& t) {
+        WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
+        if (t.second == nullptr) {
+          ArriveExpectBytes(ring.full_bar(), t.bytes);
+          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar(), policy);
+        } else {
+          ArriveExpectBytes(ring.full_bar(), 2 * t.bytes);
+          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar());
+          BulkCopy(ring.tile() + kValueOffset, t.second, t.bytes, ring.full_bar());
+        }
+        ++ring.count;
+      },
+      TraceProduced);
 }
-
 
 // --- consumers ---
 
@@ -430,10 +447,7 @@ __device__ void ConsumeSlice(Ring& ring, const Dots& dots, const float* input) {
 #pragma unroll
       for (int j = 0; j < kVectors; ++j) weights[j] = w[j * 32 + lane];
     }
-    // The slot is free once the warp holds its part: the producer refills it during the arithmetic.
-    __syncwarp();
-    if (lane == 0) Arrive(ring.empty_bar());
-    ++ring.count;
+    ReleaseSlot(ring);  // the producer refills it during the arithmetic
     if (mine) {
       float sum = 0.f;
 #pragma unroll
@@ -486,70 +500,137 @@ struct AttentionShared {
   float* max;      // [kConsumerWarps, kGroup]: each warp's running max
   float* sum;      // [kConsumerWarps, kGroup]: each warp's running sum
   float* out;      // [kConsumerWarps, kGroup * kHeadDim]: each warp's output (the input buffer, free here)
-  float* weights;  // [kConsumerWarps, kWarpWeights]: each warp's softmax weights of a tile (AttendRows)
-};
-
-// Attention runs as flash-decoding inside the CTA too: each consumer warp folds its own rows of
-// every tile into its own running softmax, so that a tile costs no CTA-wide barrier, and the warps
-// merge once at the end of the split. A lane holds (row, head, half): it scores one row against
-// half of one query head; for the values it holds two dimensions of every head.
-struct WarpAttention {
-  float4 q[kHeadDim / 2 / 4];  // the lane's half of its head's query
-  float max = -INFINITY;       // over the rows folded so far, for the lane's head
-  float sum = 0.f;
-  float2 out[kGroup];          // unnormalized, the lane's two dimensions of each head
 };
 
 // The weight of a running softmax with max `m` in a merge whose max is `merged`: 0 for one that has
-// seen no row (a warp's rows may all lie past a tile's end: -inf - -inf must not reach __expf).
+// seen no row (-inf - -inf must not reach __expf).
 __device__ inline float MergeWeight(float m, float merged) { return m > -INFINITY ? __expf(m - merged) : 0.f; }
 
-// Folds rows [0, n) of `keys` and `values` ([n, kHeadDim], n <= kRowsPerWarp, the same across the
-// warp) into the warp's running softmax; `weights` is the warp's kWarpWeights floats.
-__device__ __forceinline__ void AttendRows(WarpAttention& w, const __nv_bfloat16* keys, const __nv_bfloat16* values,
-                                           int n, float* weights) {
+__device__ inline uint32_t PackBf16(float low, float high) {
+  const __nv_bfloat162 v = __floats2bfloat162_rn(low, high);
+  return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// D = A B + D on tensor cores, BF16 in and FP32 out: m16n8k16 and m16n8k8 (PTX's fragment layouts).
+__device__ inline void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ inline void Mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
+}
+
+// Attention runs as flash-decoding inside the CTA too: each consumer warp folds its own positions of
+// its group's tiles into its own running softmax, so that a tile costs no CTA-wide barrier, and the
+// warps merge once at the end of the split. Both products run on tensor cores. Lane (g, t) =
+// (lane / 4, lane % 4) in PTX's fragment layouts:
+//  - scores: an m16n8k16 product, the KV head's kGroup query heads as rows 0-3 (the rest zero) by
+//    the warp's 8 positions, over the head dimension in an order that makes each lane's key words
+//    contiguous (a dot product's order is free): k-step s, A or B register j, element i is
+//    dimension 16t + 4s + 2j + i. The lane holds head g's scores of positions 2t and 2t + 1, and
+//    head g's running max and its part of the running sum (g < kGroup);
+//  - output: transposed, O^T = V^T P^T, m16n8k8 products over the warp's 8 positions whose P^T
+//    operand is the scores' fragment as it stands (in two BF16 parts). Row r of m-tile m is
+//    dimension 8(r % 8) + 2m + r / 8, so that each lane's value fragments are one 16-byte segment
+//    of two rows: for t < kGroup / 2 the lane holds dimensions 8g + 2m (out[m][0], [1]) and
+//    8g + 2m + 1 ([2], [3]) of heads 2t ([0], [2]) and 2t + 1 ([1], [3]).
+struct WarpAttention {
+  uint32_t q[4][2];  // A registers 0 and 2 of each k-step (registers 1 and 3, rows g + 8, are zero)
+  float max = -INFINITY;
+  float sum = 0.f;
+  float out[4][4] = {};
+};
+
+// The warp's state for the query `q` ([kGroup, kHeadDim], rotated and scaled: FP32 holding BF16
+// values, so the rounding is exact).
+__device__ inline void StartAttention(WarpAttention& w, const float* q) {
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3;
+#pragma unroll
+  for (int step = 0; step < 4; ++step) {
+    const float4 d = g < kGroup ? *reinterpret_cast<const float4*>(q + g * kHeadDim + 16 * t + 4 * step)
+                                : make_float4(0.f, 0.f, 0.f, 0.f);
+    w.q[step][0] = PackBf16(d.x, d.y);
+    w.q[step][1] = PackBf16(d.z, d.w);
+  }
+}
+
+// Scales the output of the lane's heads by their factors, given as `rescale` in the scores' layout
+// (head g's).
+__device__ inline void RescaleOutput(WarpAttention& w, float rescale) {
+  const int t = threadIdx.x % 32 & 3;
+  const float even = __shfl_sync(0xffffffffu, rescale, 8 * t), odd = __shfl_sync(0xffffffffu, rescale, 8 * t + 4);
+#pragma unroll
+  for (int m = 0; m < 4; ++m) {
+    w.out[m][0] *= even;
+    w.out[m][1] *= odd;
+    w.out[m][2] *= even;
+    w.out[m][3] *= odd;
+  }
+}
+
+// Folds a tile's positions [0, valid) of the warp's block (valid > 0) into the warp's softmax:
+// `keys` is the lane's 32 bytes of key row g, `values` its 16 bytes at 16g of value rows 2t and
+// 2t + 1 (zero past `valid`).
+__device__ inline void AttendTile(WarpAttention& w, const uint4 (&keys)[2], const uint4 (&values)[2], int valid) {
   const unsigned all = 0xffffffffu;
-  const int lane = threadIdx.x % 32, row = lane >> 3, head = (lane >> 1) & 3, half = lane & 1;
-  float score = -INFINITY;
-  if (row < n) {
-    const uint4* k = reinterpret_cast<const uint4*>(keys + row * kHeadDim + half * (kHeadDim / 2));
-    float dots[kHeadDim / 2 / 8];  // independent chains
+  const int t = threadIdx.x % 32 & 3;
+  float score[4] = {};
+  const uint32_t* k = reinterpret_cast<const uint32_t*>(keys);
 #pragma unroll
-    for (int i = 0; i < kHeadDim / 2 / 8; ++i) dots[i] = Dot8(k[i], w.q[2 * i], w.q[2 * i + 1]);
-    score = (dots[0] + dots[1]) + (dots[2] + dots[3]);
-  }
-  score += __shfl_xor_sync(all, score, 1);
-  float tile_max = fmaxf(score, __shfl_xor_sync(all, score, 8));  // over the rows: lane bits 3 and 4
-  tile_max = fmaxf(tile_max, __shfl_xor_sync(all, tile_max, 16));
-  const float now = fmaxf(w.max, tile_max);
-  const float p = MergeWeight(score, now);
+  for (int step = 0; step < 4; ++step) Mma16816(score, w.q[step][0], 0u, w.q[step][1], 0u, k[2 * step], k[2 * step + 1]);
+  const float s0 = 2 * t < valid ? score[0] : -INFINITY;
+  const float s1 = 2 * t + 1 < valid ? score[1] : -INFINITY;
+  float tile_max = fmaxf(s0, s1);
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(all, tile_max, 1));
+  tile_max = fmaxf(tile_max, __shfl_xor_sync(all, tile_max, 2));
+  const float now = fmaxf(w.max, tile_max);  // finite: position 0 is valid
   const float rescale = MergeWeight(w.max, now);
-  float total = p + __shfl_xor_sync(all, p, 8);
-  total += __shfl_xor_sync(all, total, 16);
-  w.sum = w.sum * rescale + total;
+  const float p0 = __expf(s0 - now), p1 = __expf(s1 - now);
+  w.sum = w.sum * rescale + (p0 + p1);
   w.max = now;
-  __syncwarp();  // the last tile's weights are read
-  if (half == 0) weights[row * kGroup + head] = p;
-  if (half == 0 && row == 0) weights[kRowsPerWarp * kGroup + head] = rescale;
-  __syncwarp();
-  const float4 r = reinterpret_cast<const float4*>(weights)[kRowsPerWarp];
-  const float rescales[kGroup] = {r.x, r.y, r.z, r.w};
+  RescaleOutput(w, rescale);
+  // The weights enter the value product as two BF16 parts, so that they keep FP32's precision
+  // (one part alone would round each weight by up to 2^-9).
+  const __nv_bfloat162 high = __floats2bfloat162_rn(p0, p1);
+  const __nv_bfloat162 low = __floats2bfloat162_rn(p0 - __low2float(high), p1 - __high2float(high));
+  const uint32_t weights[2] = {*reinterpret_cast<const uint32_t*>(&high), *reinterpret_cast<const uint32_t*>(&low)};
+  const uint32_t* v0 = reinterpret_cast<const uint32_t*>(&values[0]);
+  const uint32_t* v1 = reinterpret_cast<const uint32_t*>(&values[1]);
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    w.out[h].x *= rescales[h];
-    w.out[h].y *= rescales[h];
+  for (int m = 0; m < 4; ++m) {
+    const uint32_t a0 = __byte_perm(v0[m], v1[m], 0x5410), a1 = __byte_perm(v0[m], v1[m], 0x7632);
+    Mma1688(w.out[m], a0, a1, weights[0]);
+    Mma1688(w.out[m], a0, a1, weights[1]);
   }
+}
+
+// Folds one position, this step's own K and V (`kv`: [2, kHeadDim]), into the warp's softmax.
+__device__ inline void AttendOwnRow(WarpAttention& w, const float* q, const __nv_bfloat16* kv) {
+  const unsigned all = 0xffffffffu;
+  const int lane = threadIdx.x % 32, g = lane >> 2, t = lane & 3, head = g & (kGroup - 1);
+  float score = 0.f;
 #pragma unroll
-  for (int i = 0; i < kRowsPerWarp; ++i) {
-    if (i >= n) break;
-    const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(values + i * kHeadDim + 2 * lane));
-    const float4 pw = reinterpret_cast<const float4*>(weights)[i];
-    const float row_weights[kGroup] = {pw.x, pw.y, pw.z, pw.w};
+  for (int d = 16 * t; d < 16 * t + 16; ++d) score += q[head * kHeadDim + d] * __bfloat162float(kv[d]);
+  score += __shfl_xor_sync(all, score, 1);
+  score += __shfl_xor_sync(all, score, 2);
+  const float now = fmaxf(w.max, score);
+  const float rescale = MergeWeight(w.max, now);
+  const float p = __expf(score - now);
+  w.sum = w.sum * rescale + (t == 0 ? p : 0.f);
+  w.max = now;
+  RescaleOutput(w, rescale);
+  const float even = __shfl_sync(all, p, 8 * t), odd = __shfl_sync(all, p, 8 * t + 4);
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      w.out[h].x += row_weights[h] * v.x;
-      w.out[h].y += row_weights[h] * v.y;
-    }
+  for (int m = 0; m < 4; ++m) {
+    const float v0 = __bfloat162float(kv[kHeadDim + 8 * g + 2 * m]), v1 = __bfloat162float(kv[kHeadDim + 8 * g + 2 * m + 1]);
+    w.out[m][0] += even * v0;
+    w.out[m][1] += odd * v0;
+    w.out[m][2] += even * v1;
+    w.out[m][3] += odd * v1;
   }
 }
 
@@ -590,39 +671,50 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     cache[(Span(item.head, s.capacity) + position) * kHeadDim + t % kHeadDim] = new_kv[t];
   }
   WarpAttention mine;
-  {
-    const int head = (lane >> 1) & 3, half = lane & 1;
-    const float4* q = reinterpret_cast<const float4*>(sh.q + head * kHeadDim + half * (kHeadDim / 2));
-#pragma unroll
-    for (int i = 0; i < kHeadDim / 2 / 4; ++i) mine.q[i] = q[i];
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) mine.out[h] = {0.f, 0.f};
-  }
-  for (int p = item.begin; p < item.end; p += kAttnTile) {
+  StartAttention(mine, sh.q);
+  const int group = warp / (kConsumerWarps / kAttentionGroups), block = warp % (kConsumerWarps / kAttentionGroups);
+  const int g = lane >> 2, c = lane & 3;  // the lane's (g, t) in WarpAttention's layout
+  for (int p = item.begin, tile = 0; p < item.end; p += kAttnTile, ++tile) {
     WaitSlot(ring.full_bar(), ring.parity());
-    const int rows = Min(kAttnTile, item.end - p) - warp * kRowsPerWarp;
-    if (rows > 0) {
-      const auto* keys = reinterpret_cast<const __nv_bfloat16*>(ring.tile()) + warp * kRowsPerWarp * kHeadDim;
-      AttendRows(mine, keys, keys + kValueOffset / 2, Min(rows, kRowsPerWarp), sh.weights + warp * kWarpWeights);
+    const int valid = Min(kAttnTile, item.end - p) - block * kWarpPositions;  // the block's positions in the tile
+    const bool reads = tile % kAttentionGroups == group && valid > 0;
+    uint4 keys[2], values[2];
+    if (reads) {
+      const unsigned char* rows = ring.tile() + block * kWarpPositions * kHeadDim * 2;
+      const uint4* key = reinterpret_cast<const uint4*>(rows + g * kHeadDim * 2 + 32 * c);
+      keys[0] = key[0];
+      keys[1] = key[1];
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        // Past `valid` the slot holds whatever it held before, and a zero weight times a NaN is NaN.
+        values[i] = 2 * c + i < valid ? *reinterpret_cast<const uint4*>(rows + kValueOffset + (2 * c + i) * kHeadDim * 2 + 16 * g)
+                                      : make_uint4(0, 0, 0, 0);
+      }
     }
-    __syncwarp();
-    if (lane == 0) Arrive(ring.empty_bar());
-    ++ring.count;
+    ReleaseSlot(ring);
+    if (reads) AttendTile(mine, keys, values, valid);
   }
-  // This step's own row, by the warp whose share of a partial last tile is the smallest.
-  if (item.last && warp == kConsumerWarps - 1) {
-    AttendRows(mine, new_kv, new_kv + kHeadDim, 1, sh.weights + warp * kWarpWeights);
-  }
+  // This step's own row, by a warp of the group with the fewer tiles.
+  if (item.last && warp == kConsumerWarps - 1) AttendOwnRow(mine, sh.q, new_kv);
 
   // The warps' softmaxes merged into this split's unnormalized output and statistics, then the
   // head's last split to finish merges every split's.
-  if (lane < 2 * kGroup && (lane & 1) == 0) {
-    sh.max[warp * kGroup + (lane >> 1)] = mine.max;
-    sh.sum[warp * kGroup + (lane >> 1)] = mine.sum;
+  float warp_sum = mine.sum + __shfl_xor_sync(0xffffffffu, mine.sum, 1);
+  warp_sum += __shfl_xor_sync(0xffffffffu, warp_sum, 2);
+  if (g < kGroup && c == 0) {
+    sh.max[warp * kGroup + g] = mine.max;
+    sh.sum[warp * kGroup + g] = warp_sum;
   }
+  if (c < kGroup / 2) {
+    float* even = sh.out + (warp * kGroup + 2 * c) * kHeadDim + 8 * g;
+    float* odd = even + kHeadDim;
 #pragma unroll
-  for (int h = 0; h < kGroup; ++h) {
-    reinterpret_cast<float2*>(sh.out + (warp * kGroup + h) * kHeadDim)[lane] = mine.out[h];
+    for (int i = 0; i < 4; ++i) {
+      even[2 * i] = mine.out[i][0];
+      odd[2 * i] = mine.out[i][1];
+      even[2 * i + 1] = mine.out[i][2];
+      odd[2 * i + 1] = mine.out[i][3];
+    }
   }
   ConsumerSync();
   float* attn = reinterpret_cast<float*>(ws + w.attn) + item.head * kGroup * kHeadDim;
@@ -710,7 +802,7 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
   const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.cos_sin), stats,
-                           stats + kConsumerWarps * kGroup, input, reinterpret_cast<float*>(smem + m.weights)};
+                           stats + kConsumerWarps * kGroup, input};
   auto* new_kv = reinterpret_cast<__nv_bfloat16*>(smem + m.new_kv);
   const __nv_bfloat16* embedding_row = a.embedding + token * s.hidden;
   const AttentionItem item = AttentionItemOf(s, position);

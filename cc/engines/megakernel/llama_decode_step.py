@@ -6,7 +6,8 @@
 
 The step reads the model's weights where they are (only q, k and v are packed into one matrix) and
 updates `keys` and `values` in place. `check_against_transformers` is its contract as a check: the
-same step through transformers' StaticCache, both measured against float32.
+same step through transformers' StaticCache, both measured against float32; `check_refusals` and
+`check_repeatable` check its guards and that the same inputs give the same bits.
 """
 
 from __future__ import annotations
@@ -217,4 +218,33 @@ def check_refusals(step, keys, values):
         if not all(torch.equal(b, a) for b, a in zip(before, after)):
             failures.append(f"{what}: the step wrote cache rows")
     step.step_error.zero_()
+    return failures
+
+
+def check_repeatable(step, keys, values, positions, launches=8):
+    """Mismatches of the step's determinism, as lines: from the same caches, token and position, every
+    launch must give the first's logits and K/V rows bit for bit (every sum runs in one order, so
+    a difference is a race). Leaves the caches as they were before the first launch."""
+    failures = []
+    saved = [cache.clone() for cache in keys + values]
+    for position in positions:
+        first = None
+        for launch in range(launches):
+            for cache, before in zip(keys + values, saved):
+                cache.copy_(before)
+            step.token.fill_(3)
+            step.position.fill_(position)
+            step.launch()
+            torch.cuda.synchronize()
+            result = (step.logits.clone(), [cache[:, position].clone() for cache in keys + values])
+            if first is None:
+                first = result
+                continue
+            if not torch.equal(result[0], first[0]):
+                difference = (result[0].float() - first[0].float()).abs().max().item()
+                failures.append(f"at {position}: launch {launch}'s logits differ from the first's by up to {difference:.3g}")
+            if not all(torch.equal(row, row0) for row, row0 in zip(result[1], first[1])):
+                failures.append(f"at {position}: launch {launch}'s K/V rows differ from the first's")
+    for cache, before in zip(keys + values, saved):
+        cache.copy_(before)
     return failures

@@ -1,5 +1,6 @@
 """The persistent decode step against transformers' own, on an sm_90 GPU: logits, the K and V rows
-written in every layer, the rows left alone, the input guards, and the step replayed as a CUDA graph."""
+written in every layer, the rows left alone, the input guards, the same bits from the same inputs, and
+the step replayed as a CUDA graph."""
 
 import os
 
@@ -60,6 +61,14 @@ def test_refuses_positions_and_tokens_outside_the_cache_and_vocabulary(library):
     model, _, keys, values = _model_and_caches(SMALL, 1024)
     step = megakernel.LlamaDecodeStep(library, model, keys, values)
     failures = megakernel.check_refusals(step, keys, values)
+    assert not failures, "\n".join(failures)
+
+
+def test_the_same_inputs_give_the_same_bits(library):
+    # At 700 each of the 2 KV heads' 11 splits folds one tile; at 8000 each of its 32 splits folds four.
+    model, _, keys, values = _model_and_caches(SMALL, 8192)
+    step = megakernel.LlamaDecodeStep(library, model, keys, values)
+    failures = megakernel.check_repeatable(step, keys, values, positions=(700, 8000), launches=10)
     assert not failures, "\n".join(failures)
 
 
