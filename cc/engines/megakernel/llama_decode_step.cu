@@ -3,9 +3,9 @@
 // Each CTA (one per SM) runs a producer warp and kConsumerWarps consumer warps. Both walk the same
 // schedule (ForEachTile). The producer copies each tile into the next slot of a ring in shared
 // memory and never waits for activations; the consumers wait for each stage's inputs at a grid
-// barrier, then take the tiles in the same order. Numerics follow transformers'
-// BF16 Llama: every tensor the model keeps in BF16 (residual stream, projections, rotary products,
-// attention output) is rounded to BF16 where the model rounds it; sums accumulate in FP32.
+// barrier, then take the tiles in the same order. Numerics follow transformers' BF16 Llama: every
+// tensor the model keeps in BF16 (residual stream, projections, rotary products, attention output)
+// is rounded to BF16 where the model rounds it; sums accumulate in FP32.
 #include "cc/engines/megakernel/llama_decode_step.h"
 
 #include <algorithm>

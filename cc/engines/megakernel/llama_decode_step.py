@@ -221,7 +221,7 @@ def check_refusals(step, keys, values):
     return failures
 
 
-def check_repeatable(step, keys, values, positions, launches=8):
+def check_repeatable(step, keys, values, positions, launches):
     """Mismatches of the step's determinism, as lines: from the same caches, token and position, every
     launch must give the first's logits and K/V rows bit for bit (every sum runs in one order, so
     a difference is a race). Leaves the caches as they were before the first launch."""

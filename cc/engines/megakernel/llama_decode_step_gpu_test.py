@@ -65,9 +65,9 @@ def test_refuses_positions_and_tokens_outside_the_cache_and_vocabulary(library):
 
 
 def test_the_same_inputs_give_the_same_bits(library):
-    # 16 KV heads share the GPU's SMs 8 splits a head, so that at 8000 each split folds 16 tiles and
-    # a race between a tile's readers and its slot's refill has many chances to show. (Without the
-    # slot's proxy fence, 10 launches here differed in 2 of 3 tries on an H100; hence 50.)
+    # 16 KV heads share an H100's or H200's 132 SMs 8 splits a head, so that at 8000 each split folds
+    # 16 tiles and a race between a tile's readers and its slot's refill has many chances to show.
+    # (Without the slot's proxy fence, 10 launches here differed in 2 of 3 tries on an H100; hence 50.)
     model, _, keys, values = _model_and_caches(dict(SMALL, num_attention_heads=64, num_key_value_heads=16), 8192)
     step = megakernel.LlamaDecodeStep(library, model, keys, values)
     failures = megakernel.check_repeatable(step, keys, values, positions=(700, 8000), launches=50)
