@@ -224,7 +224,16 @@ def check_refusals(step, keys, values):
 def check_repeatable(step, keys, values, positions, launches):
     """Mismatches of the step's determinism, as lines: from the same caches, token and position, every
     launch must give the first's logits and K/V rows bit for bit (every sum runs in one order, so
-    a difference is a race). Leaves the caches as they were before the first launch."""
+    a difference is a race). Leaves the caches as they were before the first launch. Raises
+    ValueError, before any launch, for fewer than two launches or no positions (nothing would be
+    compared) and for a position outside the caches (the step refuses it, and NaN logits never
+    compare equal)."""
+    if launches < 2 or not positions:
+        raise ValueError(f"check_repeatable compares launches with the first: {launches} launches at "
+                         f"{len(positions)} positions compare nothing")
+    capacity = keys[0].shape[1]
+    if outside := [p for p in positions if not 0 <= p < capacity]:
+        raise ValueError(f"positions {outside} are outside the caches' {capacity} positions")
     failures = []
     saved = [cache.clone() for cache in keys + values]
     for position in positions:

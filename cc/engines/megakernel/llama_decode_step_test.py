@@ -64,3 +64,14 @@ def test_refuses_tensors_off_the_gpu(library):
     with pytest.raises(ValueError, match="layers.0.input_norm: torch.bfloat16 on cpu, contiguous True; the step "
                                          "needs a contiguous torch.bfloat16 CUDA tensor"):
         megakernel.LlamaDecodeStep(library, model, *_caches(model))
+
+
+def test_check_repeatable_refuses_what_would_compare_nothing_before_any_launch():
+    keys, values = _caches(_model())
+    # No step: a refusal must come before the step is touched.
+    with pytest.raises(ValueError, match="1 launches at 1 positions compare nothing"):
+        megakernel.check_repeatable(None, keys, values, positions=(5,), launches=1)
+    with pytest.raises(ValueError, match="10 launches at 0 positions compare nothing"):
+        megakernel.check_repeatable(None, keys, values, positions=(), launches=10)
+    with pytest.raises(ValueError, match=r"positions \[64, -1\] are outside the caches' 64 positions"):
+        megakernel.check_repeatable(None, keys, values, positions=(5, 64, -1), launches=10)
