@@ -8,9 +8,9 @@
 // ring of shared-memory tiles with bulk copies (weights do not depend on the step's activations, so
 // it runs ahead across stages), while the consumer warps wait at a grid barrier for the activations
 // of the stage before: a barrier's latency is meant to be spent with the ring filling, not with
-// HBM idle. As measured so far the step takes 1.36-1.37x the roofline on an H100 (5b1a21d) and
-// took 1.85-1.88x on an H200 before its consumers' cost per tile was cut (1698397; not measured on
-// an H200 since: decode_roofline_notes.md).
+// HBM idle. As measured so far the step takes 1.47-1.53x the roofline on an H200 and 1.29-1.36x
+// on an H100 (f574b00): its fixed costs, the grid barriers above all, weigh more against the H200's
+// faster memory (decode_roofline_notes.md).
 //
 // Contract:
 //  - Weights are BF16, row-major [out, in] as torch.nn.Linear keeps them; `qkv` is q, k and v
