@@ -37,8 +37,7 @@ import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring8": ["ZEROKV_MEGAKERNEL_RING=8"],
-            "ring4": ["ZEROKV_MEGAKERNEL_RING=4"], "split_tiles2": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=2"],
+VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 # TraceField's order in llama_decode_step.cu (trace_layout checks the count, not the order).
