@@ -37,7 +37,7 @@ import decode_roofline_peers as peers  # noqa: E402
 from cuda_graph_timing import capture, microseconds_per_replay  # noqa: E402
 
 STAGES = ["qkv", "attention", "o_proj", "gate_up", "down"]
-VARIANTS = {"default": [], "ring10": ["ZEROKV_MEGAKERNEL_RING=10"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
+VARIANTS = {"default": [], "ring8": ["ZEROKV_MEGAKERNEL_RING=8"], "ring4": ["ZEROKV_MEGAKERNEL_RING=4"],
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 # TraceField's order in llama_decode_step.cu (trace_layout checks the count, not the order).
@@ -126,6 +126,7 @@ def main():
     variants = {name: (VARIANTS[name], megakernel.ROOT) for name in names}
     if args.baseline:
         variants = {"baseline": ([], os.path.abspath(args.baseline)), **variants}
+    first_logits = {}  # the first variant's at each position, which the others' are compared with
     for name, (defines, root) in variants.items():
         lib = megakernel.load(megakernel.build_with_nvcc(
             os.path.join(args.out, f"libzerokv_megakernel_{name}.so"), defines, root))
@@ -142,7 +143,12 @@ def main():
                 continue
             graph = capture(step.launch)
             replays = [microseconds_per_replay(graph, 100) for _ in range(3)]
-            print(f"{name}\t{position}\t{statistics.median(replays):.1f} us per step", flush=True)
+            logits = step.logits.float()
+            first = first_logits.setdefault(position, (name, logits.clone()))
+            agreement = "" if first[0] == name else (
+                f"; logits' cosine to {first[0]}'s {torch.nn.functional.cosine_similarity(logits, first[1], dim=0).item():.6f}"
+                f", top-1 {'same' if int(logits.argmax()) == int(first[1].argmax()) else 'differs'}")
+            print(f"{name}\t{position}\t{statistics.median(replays):.1f} us per step{agreement}", flush=True)
         del step
 
 

@@ -15,14 +15,19 @@
 namespace zerokv::engines::megakernel {
 namespace {
 
-constexpr int kTileBytes = 16384;
-constexpr int kTileElems = kTileBytes / 2;
 constexpr int kConsumerWarps = 16;
 constexpr int kConsumerThreads = kConsumerWarps * 32;
 constexpr int kThreads = kConsumerThreads + 32;
 constexpr int kProducerWarp = kConsumerWarps;
-static_assert(kSegment == kTileElems / kConsumerWarps, "a consumer warp's share of a full tile is one row segment");
-static_assert(kMaxWidth == kTileElems, "a product's row fits a tile");
+// A product's tile: kTileRows rows (an m16n8k16's m) by kSegment columns, each row its own bulk
+// copy, kRowPitch bytes apart so that the two rows a quarter-warp reads fall in different banks.
+constexpr int kTileRows = 16;
+constexpr int kRowBytes = kSegment * 2;
+constexpr int kRowPitch = kRowBytes + 64;
+constexpr int kTileBytes = kTileRows * kRowPitch;  // a slot of the ring
+// A consumer warp's columns of every tile: 4 lanes of 8 (one 16-byte load a row).
+constexpr int kWarpColumns = kSegment / kConsumerWarps;
+static_assert(kWarpColumns == 4 * 8 && kTileRows <= 32, "ConsumeSlice's fragment layout; a producer lane a row");
 #ifndef ZEROKV_MEGAKERNEL_RING
 #define ZEROKV_MEGAKERNEL_RING 6
 #endif
@@ -31,6 +36,7 @@ static_assert(kMaxWidth == kTileElems, "a product's row fits a tile");
 constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
+static_assert(2 * kValueOffset <= kTileBytes, "an attention tile fits a slot");
 constexpr int kMaxSplits = 32;  // attention work items per KV head, at most
 // Attention on tensor cores: a warp folds kWarpPositions positions of a tile (one mma's n), so the
 // consumers split in two groups of warps that take alternate tiles, each warp its block of a tile.
@@ -53,11 +59,6 @@ __host__ __device__ inline size_t Span(int rows, int columns) { return static_ca
 
 __host__ __device__ inline size_t Align(size_t bytes) { return (bytes + 255) & ~size_t{255}; }
 __host__ __device__ inline int CeilDiv(int a, int b) { return (a + b - 1) / b; }
-
-// The rows in a tile of a `k`-wide product: whole rows, as many as fit. Warp w then reads the same
-// columns (segment w modulo the row's) of every tile, so the product's input is read from shared
-// memory once a slice, into registers, rather than once a tile.
-__host__ __device__ inline int RowsPerTile(int k) { return kConsumerWarps / (k / kSegment); }
 
 __host__ __device__ inline int QkvRows(const LlamaShape& s) { return (s.heads + 2 * s.kv_heads) * s.head_dim; }
 
@@ -82,14 +83,11 @@ __host__ __device__ inline Workspace WorkspaceLayout(const LlamaShape& s) {
   return w;
 }
 
-// A stage's dot products in shared memory, at most, over every stage: a row's per segment.
+// A stage's dot products in shared memory, at most, over every stage: a row's per consumer warp.
 __host__ __device__ inline int MaxDotsPerCta(const LlamaShape& s, int ctas) {
-  const int hidden = s.hidden / kSegment, attn = s.heads * s.head_dim / kSegment, ffn = s.ffn / kSegment;
-  int dots = hidden * CeilDiv(QkvRows(s), ctas);
-  dots = Max(dots, attn * CeilDiv(s.hidden, ctas));
-  dots = Max(dots, 2 * hidden * CeilDiv(s.ffn, ctas));
-  dots = Max(dots, ffn * CeilDiv(s.hidden, ctas));
-  return Max(dots, hidden * CeilDiv(s.vocab, ctas));
+  int rows = Max(CeilDiv(QkvRows(s), ctas), CeilDiv(s.hidden, ctas));
+  rows = Max(rows, 2 * CeilDiv(s.ffn, ctas));
+  return kConsumerWarps * Max(rows, CeilDiv(s.vocab, ctas));
 }
 
 __host__ __device__ inline int MaxInput(const LlamaShape& s) {
@@ -106,7 +104,8 @@ __host__ __device__ inline Shared SharedLayout(const LlamaShape& s, int ctas) {
   auto take = [&](size_t bytes) { const size_t here = at; at += (bytes + 127) & ~size_t{127}; return here; };
   m.full = take(sizeof(uint64_t) * kRing);
   m.empty = take(sizeof(uint64_t) * kRing);
-  m.input = take(sizeof(float) * Max(MaxInput(s), kConsumerWarps * kGroup * kHeadDim));
+  // A product's input (BF16), or attention's per-warp outputs (FP32).
+  m.input = take(Max(sizeof(__nv_bfloat16) * MaxInput(s), sizeof(float) * kConsumerWarps * kGroup * kHeadDim));
   m.dots = take(sizeof(float) * MaxDotsPerCta(s, ctas));
   m.residual = take(sizeof(float) * CeilDiv(s.hidden, ctas));
   m.q = take(sizeof(float) * kGroup * kHeadDim);
@@ -251,24 +250,28 @@ __device__ inline void ReleaseSlot(Ring& ring) {
   ++ring.count;
 }
 
-// One tile of the step's stream: `bytes` of a product's rows from `first`, or for attention `bytes`
-// of K rows from `first` and as many V rows from `second` (at kValueOffset in the tile).
+// One tile of the step's stream: `rows` rows of kSegment columns of a product from `first`, `stride`
+// elements apart, or for attention `bytes` of K rows from `first` and as many V rows from `second`
+// (at kValueOffset in the tile).
 struct TileSource {
-  const void* first;
-  const void* second;
+  const __nv_bfloat16* first;
+  const __nv_bfloat16* second;
   uint32_t bytes;
+  int rows, stride;
 };
 
 // Calls `tile(TileSource)` for every tile of the step in the order the consumers take them, and
 // `staged(layer, stage)` after each stage of a layer: the CTA's rows of qkv, its attention work
-// item's K and V, its rows of o, gate, up and down, then its rows of the LM head.
+// item's K and V, its rows of o, gate, up and down, then its rows of the LM head. A product's rows
+// come kTileRows at a time, each group's column blocks in order.
 template <class Tile, class Staged>
 __device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile, Staged&& staged) {
   const LlamaShape& s = a.shape;
   auto slice = [&](const __nv_bfloat16* matrix, Rows r, int k) {
-    const int rows_per_tile = RowsPerTile(k);
-    for (int row = r.begin; row < r.end; row += rows_per_tile) {
-      tile(TileSource{matrix + Span(row, k), nullptr, static_cast<uint32_t>(Min(rows_per_tile, r.end - row) * k * 2)});
+    for (int row = r.begin; row < r.end; row += kTileRows) {
+      for (int column = 0; column < k; column += kSegment) {
+        tile(TileSource{matrix + Span(row, k) + column, nullptr, 0, Min(kTileRows, r.end - row), k});
+      }
     }
   };
   const AttentionItem item = AttentionItemOf(s, position);
@@ -281,7 +284,8 @@ __device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile,
       const size_t head_rows = Span(item.head, s.capacity);
       for (int p = item.begin; p < item.end; p += kAttnTile) {
         const size_t at = (head_rows + p) * kHeadDim;
-        tile(TileSource{layer.k_cache + at, layer.v_cache + at, static_cast<uint32_t>(Min(kAttnTile, item.end - p) * kHeadDim * 2)});
+        tile(TileSource{layer.k_cache + at, layer.v_cache + at,
+                        static_cast<uint32_t>(Min(kAttnTile, item.end - p) * kHeadDim * 2), 0, 0});
       }
     }
     staged(l, 1);
@@ -299,23 +303,28 @@ __device__ void ForEachTile(const LlamaDecodeArgs& a, int position, Tile&& tile,
 
 // Under the trace, the cycles the producer waited for free slots while copying stage `stage` of
 // layer `layer`.
-__device__ inline void TraceProduced(int layer, int stage) {
+__device__ inline void TraceProduced([[maybe_unused]] int layer, [[maybe_unused]] int stage) {
 #ifdef ZEROKV_MEGAKERNEL_TRACE
   const int at = layer * kStagesPerLayer + stage;
-  if (at < kTraceBarriers) g_trace[blockIdx.x][at][kBlocked] = TakeWaited(1);
+  if (threadIdx.x == kConsumerThreads && at < kTraceBarriers) g_trace[blockIdx.x][at][kBlocked] = TakeWaited(1);
 #endif
 }
 
+// The producer warp: lane 0 arms each slot's barrier and lane r copies a product tile's row r.
 __device__ void Produce(const LlamaDecodeArgs& a, Ring ring, int position) {
+  const int lane = threadIdx.x % 32;
   const uint64_t policy = EvictFirstPolicy();
   ForEachTile(
       a, position,
       [&](const TileSource& t) {
         WaitSlot(ring.empty_bar(), ring.parity() ^ 1);
         if (t.second == nullptr) {
-          ArriveExpectBytes(ring.full_bar(), t.bytes);
-          BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar(), policy);
-        } else {
+          if (lane == 0) ArriveExpectBytes(ring.full_bar(), t.rows * kRowBytes);
+          __syncwarp();
+          if (lane < t.rows) {
+            BulkCopy(ring.tile() + lane * kRowPitch, t.first + Span(lane, t.stride), kRowBytes, ring.full_bar(), policy);
+          }
+        } else if (lane == 0) {
           ArriveExpectBytes(ring.full_bar(), 2 * t.bytes);
           BulkCopy(ring.tile(), t.first, t.bytes, ring.full_bar());
           BulkCopy(ring.tile() + kValueOffset, t.second, t.bytes, ring.full_bar());
@@ -402,70 +411,73 @@ class GridBarrier {
   uint64_t opens_ = 0;  // thread 0's
 };
 
-__device__ inline float Dot8(uint4 w, float4 x0, float4 x1) {
-  const float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.x));
-  const float2 b = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.y));
-  const float2 c = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.z));
-  const float2 d = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&w.w));
-  return a.x * x0.x + a.y * x0.y + b.x * x0.z + b.y * x0.w + c.x * x1.x + c.y * x1.y + d.x * x1.z + d.y * x1.w;
+// D = A B + D on tensor cores, BF16 in and FP32 out: m16n8k16 and m16n8k8 (PTX's fragment layouts).
+__device__ inline void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+__device__ inline void Mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
+  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(b0));
 }
 
-// A product's dot products in shared memory, by segment: at[c * rows + row] is row `row`'s over
-// column segment c. Each (segment, row) is one warp's, written once: no zeroing and no atomics, and
-// a row's segments are summed in one order.
+// A product's dot products in shared memory, by consumer warp: at[w * rows + row] is row `row`'s
+// over warp w's columns. Each (warp, row) is written once: no zeroing and no atomics, and a row's
+// parts are summed in one order.
 struct Dots {
   float* at;
-  int rows, row_segments;
+  int rows;
 
   __device__ float Row(int row) const {
     float sum = 0.f;
-    for (int c = 0; c < row_segments; ++c) sum += at[c * rows + row];
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) sum += at[w * rows + row];
     return sum;
   }
 };
 
-// The dots of `dots.rows` rows of a product, arriving as tiles of RowsPerTile(k) rows, with `input`.
-__device__ void ConsumeSlice(Ring& ring, const Dots& dots, const float* input) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int rows_per_tile = kConsumerWarps / dots.row_segments, segment = warp % dots.row_segments;
-  constexpr int kVectors = kSegment / 8 / 32;  // a lane's 8-element vectors of a segment
-  float4 x[2 * kVectors];
-#pragma unroll
-  for (int j = 0; j < kVectors; ++j) {
-    const float4* in = reinterpret_cast<const float4*>(input + segment * kSegment + (j * 32 + lane) * 8);
-    x[2 * j] = in[0];
-    x[2 * j + 1] = in[1];
-  }
-  const bool reads = warp < rows_per_tile * dots.row_segments;
-  const int tiles = CeilDiv(dots.rows, rows_per_tile);
-  for (int t = 0, row = warp / dots.row_segments; t < tiles; ++t, row += rows_per_tile) {
-    WaitSlot(ring.full_bar(), ring.parity());
-    uint4 weights[kVectors];
-    const bool mine = reads && row < dots.rows;
-    if (mine) {
-      const uint4* w = reinterpret_cast<const uint4*>(ring.tile()) + warp * (kSegment / 8);
-#pragma unroll
-      for (int j = 0; j < kVectors; ++j) weights[j] = w[j * 32 + lane];
+// The dots of `dots.rows` rows of a `k`-wide product with `input` (BF16 in shared memory), arriving
+// as ForEachTile's tiles. A warp takes kWarpColumns columns of each tile, all its rows, as two
+// m16n8k16 products whose A is the rows and whose B is the input in column 0 (lanes 0-3; the rest
+// zero): the tensor cores accumulate over the columns, so a tile costs no shuffle. The products'
+// k index is a permutation of the columns (a dot product's order is free) that makes each lane's
+// part of a row one 16-byte load: lane (g, t) = (lane / 4, lane % 4) reads columns [8t, 8t + 8) of
+// the warp's, of rows g and g + 8, and lanes 0-3 the same columns of the input. Column 0 of the
+// result, rows g and g + 8, is then in lane 4g's registers 0 and 2.
+__device__ void ConsumeSlice(Ring& ring, const Dots& dots, const __nv_bfloat16* input, int k) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2;
+  const int column = warp * kWarpColumns + 8 * (lane & 3);
+  for (int first = 0; first < dots.rows; first += kTileRows) {
+    float even[4] = {}, odd[4] = {};  // two accumulators, so that the products do not wait for each other
+    for (int block = 0; block < k; block += kSegment) {
+      WaitSlot(ring.full_bar(), ring.parity());
+      const unsigned char* rows = ring.tile() + column * 2;
+      const uint4 low = *reinterpret_cast<const uint4*>(rows + g * kRowPitch);
+      const uint4 high = *reinterpret_cast<const uint4*>(rows + (g + 8) * kRowPitch);
+      const uint4 x = lane < 4 ? *reinterpret_cast<const uint4*>(input + block + column) : make_uint4(0, 0, 0, 0);
+      ReleaseSlot(ring);  // the producer refills it during the arithmetic
+      Mma16816(even, low.x, high.x, low.y, high.y, x.x, x.y);
+      Mma16816(odd, low.z, high.z, low.w, high.w, x.z, x.w);
     }
-    ReleaseSlot(ring);  // the producer refills it during the arithmetic
-    if (mine) {
-      float sum = 0.f;
-#pragma unroll
-      for (int j = 0; j < kVectors; ++j) sum += Dot8(weights[j], x[2 * j], x[2 * j + 1]);
-      sum = WarpSum(sum);
-      if (lane == 0) dots.at[segment * dots.rows + row] = sum;
+    if ((lane & 3) == 0) {
+      if (first + g < dots.rows) dots.at[warp * dots.rows + first + g] = even[0] + odd[0];
+      if (first + g + 8 < dots.rows) dots.at[warp * dots.rows + first + g + 8] = even[2] + odd[2];
     }
   }
 }
 
 // input = RMSNorm(x) * weight, rounded as transformers' LlamaRMSNorm rounds it. `x` is the residual
-// stream, or null for the embedding row (the first layer's input).
-__device__ void LoadNormed(float* input, const float* x, const __nv_bfloat16* embedding_row,
+// stream, or null for the embedding row (the first layer's input). Both hold BF16 values, so the
+// BF16 input keeps them exactly.
+__device__ void LoadNormed(__nv_bfloat16* input, const float* x, const __nv_bfloat16* embedding_row,
                            const __nv_bfloat16* weight, int n, float eps, float* reduce) {
   float squares = 0.f;
   for (int i = threadIdx.x; i < n; i += kConsumerThreads) {
     const float v = x ? Load(x + i) : __bfloat162float(embedding_row[i]);
-    input[i] = v;
+    input[i] = __float2bfloat16(v);
     squares += v * v;
   }
   squares = WarpSum(squares);
@@ -476,7 +488,7 @@ __device__ void LoadNormed(float* input, const float* x, const __nv_bfloat16* em
   for (int w = 0; w < kConsumerWarps; ++w) total += reduce[w];
   const float scale = rsqrtf(total / n + eps);
   for (int i = threadIdx.x; i < n; i += kConsumerThreads) {
-    input[i] = Bf16(Bf16(input[i] * scale) * __bfloat162float(weight[i]));
+    input[i] = __float2bfloat16(Bf16(__bfloat162float(input[i]) * scale) * __bfloat162float(weight[i]));
   }
   ConsumerSync();
 }
@@ -489,8 +501,9 @@ __device__ inline void LoadResidual(float* residual, const float* x, const __nv_
   }
 }
 
-__device__ inline void LoadVector(float* input, const float* v, int n) {
-  for (int i = threadIdx.x; i < n; i += kConsumerThreads) input[i] = Load(v + i);
+// `n` values of a BF16 tensor that the step keeps in FP32, as a product's input.
+__device__ inline void LoadVector(__nv_bfloat16* input, const float* v, int n) {
+  for (int i = threadIdx.x; i < n; i += kConsumerThreads) input[i] = __float2bfloat16(Load(v + i));
   ConsumerSync();
 }
 
@@ -509,19 +522,6 @@ __device__ inline float MergeWeight(float m, float merged) { return m > -INFINIT
 __device__ inline uint32_t PackBf16(float low, float high) {
   const __nv_bfloat162 v = __floats2bfloat162_rn(low, high);
   return *reinterpret_cast<const uint32_t*>(&v);
-}
-
-// D = A B + D on tensor cores, BF16 in and FP32 out: m16n8k16 and m16n8k8 (PTX's fragment layouts).
-__device__ inline void Mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
-                                uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ inline void Mma1688(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t b0) {
-  asm("mma.sync.aligned.m16n8k8.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5}, {%6}, {%0,%1,%2,%3};"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(b0));
 }
 
 // Attention runs as flash-decoding inside the CTA too: each consumer warp folds its own positions of
@@ -796,27 +796,26 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
   float* qkv = reinterpret_cast<float*>(ws + w.qkv);
   float* h = reinterpret_cast<float*>(ws + w.h);
   GridBarrier barrier(reinterpret_cast<uint64_t*>(ws + w.arrivals), kStagesPerLayer * s.layers);
-  float* input = reinterpret_cast<float*>(smem + m.input);
+  auto* input = reinterpret_cast<__nv_bfloat16*>(smem + m.input);
   float* dots = reinterpret_cast<float*>(smem + m.dots);
   float* residual = reinterpret_cast<float*>(smem + m.residual);
   float* reduce = reinterpret_cast<float*>(smem + m.reduce);
   float* stats = reinterpret_cast<float*>(smem + m.stats);
   const AttentionShared sh{reinterpret_cast<float*>(smem + m.q), reinterpret_cast<float*>(smem + m.cos_sin), stats,
-                           stats + kConsumerWarps * kGroup, input};
+                           stats + kConsumerWarps * kGroup, reinterpret_cast<float*>(smem + m.input)};
   auto* new_kv = reinterpret_cast<__nv_bfloat16*>(smem + m.new_kv);
   const __nv_bfloat16* embedding_row = a.embedding + token * s.hidden;
   const AttentionItem item = AttentionItemOf(s, position);
   const int attn_width = s.heads * s.head_dim;
   const int t = threadIdx.x;
 
-  const int hidden_segments = s.hidden / kSegment;
   for (int l = 0; l < s.layers; ++l) {
     const LlamaLayer& layer = a.layer[l];
     // qkv = norm(x) . Wqkv
     Rows r = RowsOf(QkvRows(s), l, 0);
-    Dots d{dots, r.end - r.begin, hidden_segments};
+    Dots d{dots, r.end - r.begin};
     LoadNormed(input, l == 0 ? nullptr : x, embedding_row, layer.input_norm, s.hidden, s.rms_eps, reduce);
-    ConsumeSlice(ring, d, input);
+    ConsumeSlice(ring, d, input, s.hidden);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) qkv[r.begin + i] = Bf16(d.Row(i));
     barrier.Sync();
@@ -826,21 +825,21 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
 
     // x += attn . Wo
     r = RowsOf(s.hidden, l, 2);
-    d = {dots, r.end - r.begin, attn_width / kSegment};
+    d = {dots, r.end - r.begin};
     LoadResidual(residual, l == 0 ? nullptr : x, embedding_row, r);
     LoadVector(input, reinterpret_cast<const float*>(ws + w.attn), attn_width);
-    ConsumeSlice(ring, d, input);
+    ConsumeSlice(ring, d, input, attn_width);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
 
     // h = silu(norm(x) . Wgate) * (norm(x) . Wup)
     r = RowsOf(s.ffn, l, 3);
-    const Dots gate{dots, r.end - r.begin, hidden_segments};
-    const Dots up{dots + gate.rows * hidden_segments, gate.rows, hidden_segments};
+    const Dots gate{dots, r.end - r.begin};
+    const Dots up{dots + gate.rows * kConsumerWarps, gate.rows};
     LoadNormed(input, x, nullptr, layer.post_norm, s.hidden, s.rms_eps, reduce);
-    ConsumeSlice(ring, gate, input);
-    ConsumeSlice(ring, up, input);
+    ConsumeSlice(ring, gate, input, s.hidden);
+    ConsumeSlice(ring, up, input, s.hidden);
     ConsumerSync();
     for (int i = t; i < gate.rows; i += kConsumerThreads) {
       const float g = Bf16(gate.Row(i));
@@ -850,19 +849,19 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
 
     // x += h . Wdown
     r = RowsOf(s.hidden, l, 4);
-    d = {dots, r.end - r.begin, s.ffn / kSegment};
+    d = {dots, r.end - r.begin};
     LoadResidual(residual, x, nullptr, r);
     LoadVector(input, h, s.ffn);
-    ConsumeSlice(ring, d, input);
+    ConsumeSlice(ring, d, input, s.ffn);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
   }
   // logits = norm(x) . Wlm
   const Rows r = RowsOf(s.vocab, s.layers, 0);
-  const Dots d{dots, r.end - r.begin, hidden_segments};
+  const Dots d{dots, r.end - r.begin};
   LoadNormed(input, x, nullptr, a.final_norm, s.hidden, s.rms_eps, reduce);
-  ConsumeSlice(ring, d, input);
+  ConsumeSlice(ring, d, input, s.hidden);
   ConsumerSync();
   for (int i = t; i < d.rows; i += kConsumerThreads) a.logits[r.begin + i] = __float2bfloat16(d.Row(i));
 }
@@ -892,7 +891,7 @@ __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __gri
   }
   __syncthreads();
   if (threadIdx.x / 32 == kProducerWarp) {
-    if (threadIdx.x % 32 == 0) Produce(a, ring, static_cast<int>(position));
+    Produce(a, ring, static_cast<int>(position));
     return;
   }
   Consume(a, ring, static_cast<int>(position), token, smem, m);
@@ -942,9 +941,9 @@ std::string UnsupportedShape(const LlamaShape& s) {
                                 std::pair{"heads x head_dim", s.heads * s.head_dim}}) {
     if (k <= 0 || k % kSegment != 0) {
       return std::string(name) + " is " + std::to_string(k) + ", not a multiple of " + std::to_string(kSegment) +
-             " (a consumer warp's row segment)";
+             " (a tile's columns)";
     }
-    if (k > kMaxWidth) return std::string(name) + " is " + std::to_string(k) + ", wider than " + std::to_string(kMaxWidth) + " (a tile)";
+    if (k > kMaxWidth) return std::string(name) + " is " + std::to_string(k) + ", wider than " + std::to_string(kMaxWidth) + " (a product's input in shared memory)";
   }
   if (s.vocab < 1) return "vocab is " + std::to_string(s.vocab);
   if (s.capacity < 1) return "capacity is " + std::to_string(s.capacity);

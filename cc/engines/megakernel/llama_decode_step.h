@@ -44,9 +44,9 @@ namespace zerokv::engines::megakernel {
 inline constexpr int kMaxLayers = 32;  // the kernel parameters stay under 4 KiB
 inline constexpr int kHeadDim = 64;    // the attention stage's thread mapping
 inline constexpr int kGroup = 4;       // query heads per KV head: the same mapping
-inline constexpr int kSegment = 512;   // a consumer warp's row segment: the products' widths are multiples
-inline constexpr int kMaxWidth = 8192;  // a tile: the products' widths are at most one, so that a warp reads
-                                        // the same columns of every tile and holds their input in registers
+inline constexpr int kSegment = 512;    // a tile's columns: the products' widths are multiples
+inline constexpr int kMaxWidth = 8192;  // the products' widths are at most this, so that a stage's input
+                                        // fits in shared memory beside the ring of tiles
 
 struct LlamaShape {
   int layers = 0;

@@ -30,8 +30,8 @@ MODEL_WEIGHTS = ("embedding", "lm_head", "final_norm", "inv_freq")
 HEAD_DIM = 64
 QUERY_HEADS_PER_KV_HEAD = 4
 MAX_LAYERS = 32
-SEGMENT = 512  # a consumer warp's row segment: the widths of the products must be multiples of it
-MAX_WIDTH = 8192  # a tile: the widths of the products must be at most it
+SEGMENT = 512  # a tile's columns: the widths of the products must be multiples of it
+MAX_WIDTH = 8192  # a product's input in shared memory: the widths of the products must be at most it
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 MODEL_CLASSES = ("LlamaForCausalLM",)
@@ -140,9 +140,9 @@ def unsupported_model(model) -> str | None:
     for what, width in (("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size),
                         ("num_attention_heads x head_dim", config.num_attention_heads * config.head_dim)):
         if width % SEGMENT:
-            return f"{what} is {width}, not a multiple of {SEGMENT} (a consumer warp's row segment)"
+            return f"{what} is {width}, not a multiple of {SEGMENT} (a tile's columns)"
         if width > MAX_WIDTH:
-            return f"{what} is {width}, wider than {MAX_WIDTH} (a tile)"
+            return f"{what} is {width}, wider than {MAX_WIDTH} (a product's input in shared memory)"
     return None
 
 
