@@ -1,12 +1,12 @@
 """Where the persistent decode step's time goes, on a CUDA GPU (a diagnostic, not a test).
 
-    python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384] [--baseline CHECKOUT]
+    python3 tools/bench/megakernel_profile.py OUT_DIR [--positions 256,16384] [--baseline CHECKOUT]...
         [--variants default,trace]
 
 Builds the kernel of cc/engines/megakernel with nvcc in variants and times each, graph-captured, at
 each position over the Llama-3.2-1B-shaped model of the bench:
-  baseline       with --baseline, the kernel of another checkout (its cc/engines/megakernel sources),
-                 timed in the same run on the same card;
+  <checkout>     with --baseline (once or more), the kernel of another checkout (its
+                 cc/engines/megakernel sources), named by its folder, timed in the same run on the same card;
   default        as built without defines;
   ring<N>        the shared-memory ring at N tiles (ZEROKV_MEGAKERNEL_RING);
   split_tiles<N> attention split at N tiles a work item at least (ZEROKV_MEGAKERNEL_SPLIT_TILES);
@@ -103,14 +103,19 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("out")
     parser.add_argument("--positions", default="256,16384")
-    parser.add_argument("--baseline", help="a checkout whose kernel to time beside this one's")
+    parser.add_argument("--baseline", action="append", default=[], help="a checkout whose kernel to time beside this one's")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="which of " + ", ".join(VARIANTS))
     args = parser.parse_args()
     names = args.variants.split(",")
     if unknown := [name for name in names if name not in VARIANTS]:
         parser.error(f"no variant {', '.join(unknown)}: the variants are {', '.join(VARIANTS)}")
-    if args.baseline and not all(os.path.isfile(os.path.join(args.baseline, s)) for s in megakernel.SOURCES):
-        parser.error(f"--baseline {args.baseline}: not a checkout with {' and '.join(megakernel.SOURCES)}")
+    for baseline in args.baseline:
+        if not all(os.path.isfile(os.path.join(baseline, s)) for s in megakernel.SOURCES):
+            parser.error(f"--baseline {baseline}: not a checkout with {' and '.join(megakernel.SOURCES)}")
+    baselines = {os.path.basename(os.path.normpath(b)): ([], os.path.abspath(b)) for b in args.baseline}
+    if len(baselines) < len(args.baseline) or set(baselines) & set(names):
+        parser.error(f"--baseline {' '.join(args.baseline)}: the checkouts' folder names must differ from each other "
+                     f"and from the variants'")
     os.makedirs(args.out, exist_ok=True)
     positions = [int(p) for p in args.positions.split(",")]
     model = bench_model.build("llama-3.2-1b", device="cuda")
@@ -123,9 +128,7 @@ def main():
     print(f"{torch.cuda.get_device_name()}: copy bandwidth {bandwidth:.0f} GB/s; roofline " + ", ".join(
         f"{(bench_model.weight_bytes(model) + bench_model.kv_bytes_per_position(model) * (p + 1)) / bandwidth / 1e3:.1f}"
         f" us at {p}" for p in positions), flush=True)
-    variants = {name: (VARIANTS[name], megakernel.ROOT) for name in names}
-    if args.baseline:
-        variants = {"baseline": ([], os.path.abspath(args.baseline)), **variants}
+    variants = {**baselines, **{name: (VARIANTS[name], megakernel.ROOT) for name in names}}
     first_logits = {}  # the first variant's at each position, which the others' are compared with
     for name, (defines, root) in variants.items():
         lib = megakernel.load(megakernel.build_with_nvcc(
