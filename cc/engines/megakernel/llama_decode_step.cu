@@ -32,7 +32,8 @@ static_assert(kWarpColumns == 4 * 8 && kTileRows <= 32, "ConsumeSlice's fragment
 #define ZEROKV_MEGAKERNEL_RING 6
 #endif
 // 96 KiB in flight per SM: the ~35 KiB that keeps an SM's share of HBM busy, about three times over.
-// Measured on the H100 (megakernel_profile.py), 6 was as fast as 10 or a little faster, and 4 close.
+// Measured on the H100 (megakernel_profile.py), 6 was as fast as 10 or a little faster, and 4 close
+// (with slots of 16 KiB; ten of 17 KiB no longer fit beside the LM head's dot products).
 constexpr int kRing = ZEROKV_MEGAKERNEL_RING;
 constexpr int kAttnTile = 64;   // positions per attention tile: K rows, then V rows at kValueOffset
 constexpr int kValueOffset = kAttnTile * kHeadDim * 2;
@@ -446,7 +447,8 @@ struct Dots {
 // k index is a permutation of the columns (a dot product's order is free) that makes each lane's
 // part of a row one 16-byte load: lane (g, t) = (lane / 4, lane % 4) reads columns [8t, 8t + 8) of
 // the warp's, of rows g and g + 8, and lanes 0-3 the same columns of the input. Column 0 of the
-// result, rows g and g + 8, is then in lane 4g's registers 0 and 2.
+// result, rows g and g + 8, is then in lane 4g's registers 0 and 2. A last group's rows past the
+// product's hold whatever the slot held before, which reaches only those rows of the result.
 __device__ void ConsumeSlice(Ring& ring, const Dots& dots, const __nv_bfloat16* input, int k) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane >> 2;
   const int column = warp * kWarpColumns + 8 * (lane & 3);
