@@ -15,7 +15,9 @@ each position over the Llama-3.2-1B-shaped model of the bench:
                  stage: the work between barriers, the wait in them, and how far apart CTAs arrive;
                  and the share of a stage's cycles its first consumer thread waited for tiles
                  (starved: the stream is behind) and its producer waited for free slots (blocked:
-                 the consumers are behind); and which CTAs are slowest in each stage, on average
+                 the consumers are behind); how long the first consumer thread took for the stage's
+                 input, for its tiles and for what follows them, on average and in each layer's
+                 slowest CTA; and which CTAs are slowest in each stage, on average
                  over the layers, with how alike two layers' per-CTA times are (the same SMs slow).
 """
 
@@ -41,8 +43,9 @@ VARIANTS = {"default": [], "ring8": ["ZEROKV_MEGAKERNEL_RING=8"], "ring4": ["ZER
             "split_tiles4": ["ZEROKV_MEGAKERNEL_SPLIT_TILES=4"],
             "no_grid_sync": ["ZEROKV_MEGAKERNEL_NO_GRID_SYNC"], "trace": ["ZEROKV_MEGAKERNEL_TRACE"]}
 # TraceField's order in llama_decode_step.cu (trace_layout checks the count, not the order).
-TRACE_FIELDS = ["arrive_ns", "leave_ns", "arrive_clock", "leave_clock", "starved", "blocked"]
-ARRIVE_NS, LEAVE_NS, ARRIVE_CLOCK, LEAVE_CLOCK, STARVED, BLOCKED = range(len(TRACE_FIELDS))
+TRACE_FIELDS = ["arrive_ns", "leave_ns", "arrive_clock", "leave_clock", "starved", "blocked", "input_clock",
+                "tiles_clock"]
+ARRIVE_NS, LEAVE_NS, ARRIVE_CLOCK, LEAVE_CLOCK, STARVED, BLOCKED, INPUT_CLOCK, TILES_CLOCK = range(len(TRACE_FIELDS))
 
 
 def trace_layout(lib):
@@ -76,6 +79,11 @@ def summarize_trace(lib, layers, position):
     starved, blocked = fields[..., STARVED], fields[..., BLOCKED]
     cycles = (arrive_clock[:, 1:] - leave_clock[:, :-1]).clamp(min=1)  # the stage after barrier b-1, per CTA
     work = arrive[:, 1:] - leave[:, :-1]  # the stage after barrier b-1, per CTA
+    us_per_cycle = (work / cycles).median().item()
+    # The stage's marks, kept only where this launch wrote them (a CTA without attention work writes none).
+    input_at, tiles_at = fields[:, 1:, INPUT_CLOCK], fields[:, 1:, TILES_CLOCK]
+    marked = (leave_clock[:, :-1] <= input_at) & (input_at <= tiles_at) & (tiles_at <= arrive_clock[:, 1:])
+    parts = {"input": input_at - leave_clock[:, :-1], "tiles": tiles_at - input_at, "after": arrive_clock[:, 1:] - tiles_at}
     wait = leave - arrive
     spread = arrive.max(0).values - arrive.min(0).values
     total = (leave.max() - leave[:, 0].min()).item()
@@ -89,6 +97,14 @@ def summarize_trace(lib, layers, position):
               f"barrier wait mean {wait[:, ends].mean().item():6.2f} us; arrival spread "
               f"{spread[ends].mean().item():6.2f} us (per layer); starved {(starved[:, ends] / cycles[:, idx]).mean().item():.0%}, "
               f"blocked {(blocked[:, ends] / cycles[:, idx]).mean().item():.0%}", flush=True)
+        m = marked[:, idx]
+        slowest_cta, layer = w.argmax(0), torch.arange(len(idx))
+        if m[slowest_cta, layer].any():
+            mean = ", ".join(f"{part} {(v[:, idx][m].float().mean() * us_per_cycle).item():.2f}" for part, v in parts.items())
+            slow = ", ".join(f"{part} {(v[:, idx][slowest_cta, layer][m[slowest_cta, layer]].float().mean() * us_per_cycle).item():.2f}"
+                             for part, v in parts.items())
+            print(f"             first consumer thread, us: {mean} (mean over {m.float().mean().item():.0%} of CTA-layers); "
+                  f"in the slowest CTA: {slow}", flush=True)
         # Whether the same CTAs (one per SM, so the same SMs) are the slow ones in every layer: the
         # CTAs slowest on average, and how alike two layers' per-CTA times are.
         per_cta = w.mean(1)

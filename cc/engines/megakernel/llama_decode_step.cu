@@ -192,13 +192,15 @@ __device__ inline void BulkCopy(void* dst, const void* src, uint32_t bytes, uint
                : "memory");
 }
 
+enum TraceField { kArriveNs, kLeaveNs, kArriveClock, kLeaveClock, kStarved, kBlocked, kInputClock, kTilesClock, kTraceFields };
 #ifdef ZEROKV_MEGAKERNEL_TRACE
 // Diagnostics (megakernel_profile.py builds with it), per CTA and barrier: the global time and the
 // SM's clock at the barrier's arrival and departure; the cycles the first consumer thread waited for
 // tiles in the stage before it (the stream behind the consumers); the cycles the producer waited
-// for a free slot while it copied that stage's tiles (the consumers behind the stream).
+// for a free slot while it copied that stage's tiles (the consumers behind the stream); the first
+// consumer thread's clock when the stage's input was in shared memory and when it had taken the
+// stage's last tile (what comes before the tiles, and after them).
 constexpr int kTraceBarriers = kMaxLayers * kStagesPerLayer;
-enum TraceField { kArriveNs, kLeaveNs, kArriveClock, kLeaveClock, kStarved, kBlocked, kTraceFields };
 constexpr int kTraceCtas = 256;
 __device__ uint64_t g_trace[kTraceCtas][kTraceBarriers][kTraceFields];
 __device__ int g_trace_at[kTraceCtas];
@@ -214,6 +216,14 @@ __device__ inline uint64_t TakeWaited(int who) {
   return cycles;
 }
 #endif
+
+// Under the trace, the first consumer thread's clock as `field` of the stage it is in.
+__device__ inline void TraceMark([[maybe_unused]] TraceField field) {
+#ifdef ZEROKV_MEGAKERNEL_TRACE
+  const int at = g_trace_at[blockIdx.x];
+  if (threadIdx.x == 0 && at < kTraceBarriers) g_trace[blockIdx.x][at][field] = clock64();
+#endif
+}
 
 // A wait on a slot of the ring (timed under the trace).
 __device__ inline void WaitSlot(uint64_t* bar, uint32_t parity) {
@@ -668,6 +678,7 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     new_kv[kHeadDim + d] = __float2bfloat16(Load(qkv + (s.heads + s.kv_heads + item.head) * kHeadDim + d));
   }
   ConsumerSync();
+  TraceMark(kInputClock);
   if (item.last && t < 2 * kHeadDim) {
     __nv_bfloat16* cache = t < kHeadDim ? layer.k_cache : layer.v_cache;
     cache[(Span(item.head, s.capacity) + position) * kHeadDim + t % kHeadDim] = new_kv[t];
@@ -696,6 +707,7 @@ __device__ void Attention(const LlamaDecodeArgs& a, const LlamaLayer& layer, con
     ReleaseSlot(ring);
     if (reads) AttendTile(mine, keys, values, valid);
   }
+  TraceMark(kTilesClock);
   // This step's own row, by a warp of the group with the fewer tiles.
   if (item.last && warp == kConsumerWarps - 1) AttendOwnRow(mine, sh.q, new_kv);
 
@@ -817,7 +829,9 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     Rows r = RowsOf(QkvRows(s), l, 0);
     Dots d{dots, r.end - r.begin};
     LoadNormed(input, l == 0 ? nullptr : x, embedding_row, layer.input_norm, s.hidden, s.rms_eps, reduce);
+    TraceMark(kInputClock);
     ConsumeSlice(ring, d, input, s.hidden);
+    TraceMark(kTilesClock);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) qkv[r.begin + i] = Bf16(d.Row(i));
     barrier.Sync();
@@ -830,7 +844,9 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     d = {dots, r.end - r.begin};
     LoadResidual(residual, l == 0 ? nullptr : x, embedding_row, r);
     LoadVector(input, reinterpret_cast<const float*>(ws + w.attn), attn_width);
+    TraceMark(kInputClock);
     ConsumeSlice(ring, d, input, attn_width);
+    TraceMark(kTilesClock);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
@@ -840,8 +856,10 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     const Dots gate{dots, r.end - r.begin};
     const Dots up{dots + gate.rows * kConsumerWarps, gate.rows};
     LoadNormed(input, x, nullptr, layer.post_norm, s.hidden, s.rms_eps, reduce);
+    TraceMark(kInputClock);
     ConsumeSlice(ring, gate, input, s.hidden);
     ConsumeSlice(ring, up, input, s.hidden);
+    TraceMark(kTilesClock);
     ConsumerSync();
     for (int i = t; i < gate.rows; i += kConsumerThreads) {
       const float g = Bf16(gate.Row(i));
@@ -854,7 +872,9 @@ __device__ void Consume(const LlamaDecodeArgs& a, Ring ring, int position, int64
     d = {dots, r.end - r.begin};
     LoadResidual(residual, x, nullptr, r);
     LoadVector(input, h, s.ffn);
+    TraceMark(kInputClock);
     ConsumeSlice(ring, d, input, s.ffn);
+    TraceMark(kTilesClock);
     ConsumerSync();
     for (int i = t; i < d.rows; i += kConsumerThreads) x[r.begin + i] = Bf16(residual[i] + Bf16(d.Row(i)));
     barrier.Sync();
