@@ -965,7 +965,7 @@ std::string UnsupportedShape(const LlamaShape& s) {
       return std::string(name) + " is " + std::to_string(k) + ", not a multiple of " + std::to_string(kSegment) +
              " (a tile's columns)";
     }
-    if (k > kMaxWidth) return std::string(name) + " is " + std::to_string(k) + ", wider than " + std::to_string(kMaxWidth) + " (a product's input in shared memory)";
+    if (k > kMaxWidth) return std::string(name) + " is " + std::to_string(k) + ", wider than " + std::to_string(kMaxWidth) + " (the widest product the step is tested with)";
   }
   if (s.vocab < 1) return "vocab is " + std::to_string(s.vocab);
   if (s.capacity < 1) return "capacity is " + std::to_string(s.capacity);

@@ -45,8 +45,8 @@ inline constexpr int kMaxLayers = 32;  // the kernel parameters stay under 4 KiB
 inline constexpr int kHeadDim = 64;    // the attention stage's thread mapping
 inline constexpr int kGroup = 4;       // query heads per KV head: the same mapping
 inline constexpr int kSegment = 512;    // a tile's columns: the products' widths are multiples
-inline constexpr int kMaxWidth = 8192;  // the products' widths are at most this, so that a stage's input
-                                        // fits in shared memory beside the ring of tiles
+inline constexpr int kMaxWidth = 8192;  // the widest product the step is tested with (Llama-3.2-1B's MLP);
+                                        // a CTA's shared memory grows with the widths
 
 struct LlamaShape {
   int layers = 0;

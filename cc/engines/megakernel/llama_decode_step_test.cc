@@ -38,7 +38,7 @@ TEST(UnsupportedShapeTest, NamesTheFieldAtFault) {
       {[](LlamaShape& s) { s.heads = 24; }, "heads (24) is not 4 x kv_heads (8)"},
       {[](LlamaShape& s) { s.hidden = 2000; }, "hidden is 2000, not a multiple of 512 (a tile's columns)"},
       {[](LlamaShape& s) { s.ffn = 5000; }, "ffn is 5000, not a multiple of 512 (a tile's columns)"},
-      {[](LlamaShape& s) { s.ffn = 8704; }, "ffn is 8704, wider than 8192 (a product's input in shared memory)"},
+      {[](LlamaShape& s) { s.ffn = 8704; }, "ffn is 8704, wider than 8192 (the widest product the step is tested with)"},
       {[](LlamaShape& s) { s.heads = 4; s.kv_heads = 1; },
        "heads x head_dim is 256, not a multiple of 512 (a tile's columns)"},
       {[](LlamaShape& s) { s.vocab = 0; }, "vocab is 0"},

@@ -31,7 +31,7 @@ HEAD_DIM = 64
 QUERY_HEADS_PER_KV_HEAD = 4
 MAX_LAYERS = 32
 SEGMENT = 512  # a tile's columns: the widths of the products must be multiples of it
-MAX_WIDTH = 8192  # a product's input in shared memory: the widths of the products must be at most it
+MAX_WIDTH = 8192  # the widest product the step is tested with (Llama-3.2-1B's MLP): the widths must be at most it
 # Rotary embeddings whose frequencies do not depend on the sequence: the step takes them once.
 STATIC_ROPE_TYPES = ("default", "linear", "llama3", "yarn")
 MODEL_CLASSES = ("LlamaForCausalLM",)
@@ -142,7 +142,7 @@ def unsupported_model(model) -> str | None:
         if width % SEGMENT:
             return f"{what} is {width}, not a multiple of {SEGMENT} (a tile's columns)"
         if width > MAX_WIDTH:
-            return f"{what} is {width}, wider than {MAX_WIDTH} (a product's input in shared memory)"
+            return f"{what} is {width}, wider than {MAX_WIDTH} (the widest product the step is tested with)"
     return None
 
 
