@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
 namespace zerokv::engines::megakernel {
 namespace {
@@ -919,6 +920,40 @@ __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __gri
   Consume(a, ring, static_cast<int>(position), token, smem, m);
 }
 
+// Why a pointer of `a` cannot serve the step, or empty: each must be set, and aligned as the step
+// reads it: 16 bytes for what it copies 16 bytes at a time (the bulk copies' sources), else its
+// element's size.
+std::string UnusablePointer(const LlamaDecodeArgs& a) {
+  struct Pointer {
+    std::string name;
+    const void* at;
+    uintptr_t alignment;
+  };
+  constexpr uintptr_t kBulk = 16;
+  std::vector<Pointer> pointers;
+  for (int l = 0; l < a.shape.layers; ++l) {
+    const LlamaLayer& layer = a.layer[l];
+    const std::string of = "layer " + std::to_string(l) + "'s ";
+    pointers.insert(pointers.end(), {{of + "input_norm", layer.input_norm, 2}, {of + "qkv", layer.qkv, kBulk},
+                                     {of + "o", layer.o, kBulk}, {of + "post_norm", layer.post_norm, 2},
+                                     {of + "gate", layer.gate, kBulk}, {of + "up", layer.up, kBulk},
+                                     {of + "down", layer.down, kBulk}, {of + "k_cache", layer.k_cache, kBulk},
+                                     {of + "v_cache", layer.v_cache, kBulk}});
+  }
+  pointers.insert(pointers.end(), {{"embedding", a.embedding, 2}, {"final_norm", a.final_norm, 2},
+                                   {"lm_head", a.lm_head, kBulk}, {"inv_freq", a.inv_freq, 4},
+                                   {"token", a.token, 8}, {"position", a.position, 8}, {"logits", a.logits, 2},
+                                   {"workspace", a.workspace, 8}, {"error", a.error, 4}});
+  for (const Pointer& p : pointers) {
+    if (p.at == nullptr) return p.name + " is null";
+    if (reinterpret_cast<uintptr_t>(p.at) % p.alignment != 0) {
+      return p.name + " is not " + std::to_string(p.alignment) + "-byte aligned" +
+             (p.alignment == kBulk ? " (the step copies it 16 bytes at a time)" : "");
+    }
+  }
+  return "";
+}
+
 int SmCount() {
   int device = 0, sms = 0;
   if (cudaGetDevice(&device) != cudaSuccess) return 0;
@@ -977,6 +1012,10 @@ size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape) { return WorkspaceLayo
 cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error) {
   if (std::string why = UnsupportedShape(args.shape); !why.empty()) {
     *error = "unsupported shape: " + why;
+    return cudaErrorInvalidValue;
+  }
+  if (std::string why = UnusablePointer(args); !why.empty()) {
+    *error = "unusable argument: " + why;
     return cudaErrorInvalidValue;
   }
   const int sms = SmCount();

@@ -16,6 +16,9 @@
 //  - Weights are BF16, row-major [out, in] as torch.nn.Linear keeps them; `qkv` is q, k and v
 //    stacked by rows ([heads + 2 * kv_heads] * head_dim rows). The KV caches are BF16
 //    [kv_heads, capacity, head_dim] per layer (a transformers StaticCache layer of batch 1).
+//  - Every pointer is set. What the step reads with bulk copies (the matrices, the LM head and the
+//    KV caches) is 16-byte aligned, the rest aligned to its element, as any CUDA allocation is;
+//    LaunchLlamaDecodeStep refuses, naming it, a pointer that is not.
 //  - `token` and `position` are device int64 scalars read at the start of the step, so one CUDA
 //    graph serves every step. The step attends over positions [0, position] (the cache's rows
 //    below `position` and this step's K and V) and writes this step's K and V at row `position`.
@@ -92,8 +95,8 @@ std::string UnsupportedShape(const LlamaShape& shape);
 
 size_t LlamaDecodeWorkspaceBytes(const LlamaShape& shape);
 
-// Enqueues one step on `stream`. Fails, naming the cause, on an unsupported shape or a GPU that
-// cannot hold one CTA per SM.
+// Enqueues one step on `stream`. Fails, naming the cause, on an unsupported shape, a pointer the
+// contract refuses, or a GPU that cannot hold one CTA per SM.
 cudaError_t LaunchLlamaDecodeStep(const LlamaDecodeArgs& args, cudaStream_t stream, std::string* error);
 
 // The values of LlamaDecodeArgs::error after a refused step.
