@@ -1,4 +1,4 @@
-// The shapes the persistent decode step refuses, each with the reason named (no GPU needed).
+// The shapes and arguments the persistent decode step refuses, each with the reason named (no GPU needed).
 #include "cc/engines/megakernel/llama_decode_step.h"
 
 #include <cstdint>
