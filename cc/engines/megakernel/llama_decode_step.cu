@@ -11,7 +11,6 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
-#include <vector>
 
 namespace zerokv::engines::megakernel {
 namespace {
@@ -922,34 +921,38 @@ __global__ void __launch_bounds__(kThreads, 1) LlamaDecodeStepKernel(const __gri
 
 // Why a pointer of `a` cannot serve the step, or empty: each must be set, and aligned as the step
 // reads it: 16 bytes for what it copies 16 bytes at a time (the bulk copies' sources), else its
-// element's size.
+// element's size. Checked at every launch, so it builds a message only for a pointer at fault.
 std::string UnusablePointer(const LlamaDecodeArgs& a) {
   struct Pointer {
-    std::string name;
+    const char* name;
     const void* at;
     uintptr_t alignment;
   };
   constexpr uintptr_t kBulk = 16;
-  std::vector<Pointer> pointers;
+  auto fault = [](const Pointer& p) -> std::string {
+    if (p.at == nullptr) return std::string(p.name) + " is null";
+    if (reinterpret_cast<uintptr_t>(p.at) % p.alignment == 0) return "";
+    return std::string(p.name) + " is not " + std::to_string(p.alignment) + "-byte aligned" +
+           (p.alignment == kBulk ? " (the step copies it 16 bytes at a time)" : "");
+  };
   for (int l = 0; l < a.shape.layers; ++l) {
     const LlamaLayer& layer = a.layer[l];
-    const std::string of = "layer " + std::to_string(l) + "'s ";
-    pointers.insert(pointers.end(), {{of + "input_norm", layer.input_norm, 2}, {of + "qkv", layer.qkv, kBulk},
-                                     {of + "o", layer.o, kBulk}, {of + "post_norm", layer.post_norm, 2},
-                                     {of + "gate", layer.gate, kBulk}, {of + "up", layer.up, kBulk},
-                                     {of + "down", layer.down, kBulk}, {of + "k_cache", layer.k_cache, kBulk},
-                                     {of + "v_cache", layer.v_cache, kBulk}});
-  }
-  pointers.insert(pointers.end(), {{"embedding", a.embedding, 2}, {"final_norm", a.final_norm, 2},
-                                   {"lm_head", a.lm_head, kBulk}, {"inv_freq", a.inv_freq, 4},
-                                   {"token", a.token, 8}, {"position", a.position, 8}, {"logits", a.logits, 2},
-                                   {"workspace", a.workspace, 8}, {"error", a.error, 4}});
-  for (const Pointer& p : pointers) {
-    if (p.at == nullptr) return p.name + " is null";
-    if (reinterpret_cast<uintptr_t>(p.at) % p.alignment != 0) {
-      return p.name + " is not " + std::to_string(p.alignment) + "-byte aligned" +
-             (p.alignment == kBulk ? " (the step copies it 16 bytes at a time)" : "");
+    const Pointer pointers[] = {{"input_norm", layer.input_norm, 2}, {"qkv", layer.qkv, kBulk},
+                                {"o", layer.o, kBulk},                {"post_norm", layer.post_norm, 2},
+                                {"gate", layer.gate, kBulk},          {"up", layer.up, kBulk},
+                                {"down", layer.down, kBulk},          {"k_cache", layer.k_cache, kBulk},
+                                {"v_cache", layer.v_cache, kBulk}};
+    for (const Pointer& p : pointers) {
+      if (std::string why = fault(p); !why.empty()) return "layer " + std::to_string(l) + "'s " + why;
     }
+  }
+  const Pointer pointers[] = {{"embedding", a.embedding, 2}, {"final_norm", a.final_norm, 2},
+                              {"lm_head", a.lm_head, kBulk},  {"inv_freq", a.inv_freq, 4},
+                              {"token", a.token, 8},          {"position", a.position, 8},
+                              {"logits", a.logits, 2},        {"workspace", a.workspace, 8},
+                              {"error", a.error, 4}};
+  for (const Pointer& p : pointers) {
+    if (std::string why = fault(p); !why.empty()) return why;
   }
   return "";
 }
